@@ -1,0 +1,53 @@
+"""Attacks that ignore what they see: large gradient and constant (NaN/Inf/huge) rows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attacks.base import register
+from robust_pfl.types import AttackContext
+
+
+def _byzantine_shape(messages: Tensor, context: AttackContext) -> tuple[int, ...]:
+    return (*messages.shape[:-2], int(context.byzantine.sum()), messages.shape[-1])
+
+
+@register
+@dataclass(frozen=True)
+class LargeGradient:
+    """Large-gradient attack: every coordinate i.i.d. ``N(mean, std^2)``; the official
+    Fig. 6 code uses ``randn * 200 + 1e6``."""
+
+    name = "large_gradient"
+    summary = "i.i.d. N(mean, std^2) per coordinate (official Fig. 6: mean 1e6, std 200)"
+    mean: float = 1e6
+    std: float = 200.0
+
+    def __post_init__(self) -> None:
+        if not (self.std >= 0 and math.isfinite(self.std)):
+            raise ValueError(f"large_gradient std must be finite and >= 0, got {self.std}")
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        noise = torch.randn(
+            _byzantine_shape(messages, context), generator=context.generator,
+            device=context.generator.device, dtype=messages.dtype,
+        )
+        return (noise * self.std + self.mean).to(messages.device)
+
+
+@register
+@dataclass(frozen=True)
+class ConstantValue:
+    """Every Byzantine coordinate set to ``value`` (NaN, +-Inf, 1e38 ...): the
+    conformance suite's hostile inputs."""
+
+    name = "constant"
+    summary = "every Byzantine coordinate equal to one value (nan, inf, 1e38, ...)"
+    value: float = math.nan
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return messages.new_full(_byzantine_shape(messages, context), self.value)

@@ -1,0 +1,123 @@
+"""The round interface every personalised-FL algorithm implements, its registry, and
+the per-client optimiser step they share.
+
+An algorithm is constructed from a :class:`~robust_pfl.federation.Federation` and its
+validated parameters (a pydantic model, so a bad value fails at config-load time with
+the field's name), then stepped round by round::
+
+    algo = REGISTRY["fc"](federation, FederatedClustering.Params(lr=0.01))
+    for t in range(T):
+        record = algo.step(t)          # a RoundRecord: gradients, updates, clusters
+    models = algo.client_models()      # [N, d] personalised models
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import Tensor
+
+from robust_pfl.federation import Federation
+from robust_pfl.types import RoundRecord
+
+
+class AlgorithmParams(BaseModel):
+    """Parameters shared by all algorithms: learning rate and heavy-ball momentum on
+    the applied update (the official code uses 0.9: ``m = mu m + v; x -= lr m``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(0.01, gt=0, description="learning rate eta")
+    heavy_ball: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum on the update")
+
+
+class Algorithm:
+    """Base class: one round of a (personalised) federated algorithm.
+
+    Subclasses set ``name``, ``summary``, ``Params`` and implement :meth:`step` and
+    :meth:`client_models`.  ``forms_clusters`` marks algorithms whose records carry a
+    cluster assignment.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    reference: ClassVar[str] = ""
+    Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
+    forms_clusters: ClassVar[bool] = False
+
+    def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{self.name} expects {self.Params.__name__}, got {type(params).__name__}")
+        self.federation = federation
+        self.params = params
+
+    def step(self, round_index: int) -> RoundRecord:
+        raise NotImplementedError
+
+    def client_models(self) -> Tensor:
+        """The personalised model of every client, ``[N, d]``."""
+        raise NotImplementedError
+
+
+class HeavyBall:
+    """Per-row heavy-ball SGD, ``m = mu m + v; x -= lr m`` (``mu = 0``: plain SGD).
+
+    Rows whose update is not finite are skipped (treated as a zero update) and counted
+    in ``skipped``: whatever a defense lets through, no NaN or Inf ever reaches a
+    parameter row.
+    """
+
+    def __init__(self, lr: float, momentum: float, like: Tensor) -> None:
+        self.lr = lr
+        self.momentum = momentum
+        self.buffer = torch.zeros_like(like)
+        self.skipped = 0
+
+    def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
+        """Update ``params`` in place with ``update`` on ``rows`` (all rows if None)."""
+        finite = torch.isfinite(update).all(dim=-1)
+        self.skipped += int((~finite).sum())
+        update = torch.where(finite.unsqueeze(-1), update, torch.zeros_like(update))
+        if rows is None:
+            self.buffer.mul_(self.momentum).add_(update)
+            params.sub_(self.lr * self.buffer)
+        else:
+            buffer = self.buffer[rows].mul_(self.momentum).add_(update)
+            self.buffer[rows] = buffer
+            params[rows] -= self.lr * buffer
+
+
+REGISTRY: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: add an algorithm to :data:`REGISTRY` under ``cls.name``."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"algorithm {cls.name!r} registered twice")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None) -> Algorithm:
+    """Construct a registered algorithm from plain options (validated)."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
+    cls = REGISTRY[name]
+    return cls(federation, cls.Params(**dict(options or {})))
+
+
+def group_mean(messages: Tensor, groups: Tensor, count: int, include: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Mean of ``messages[N, d]`` within each group id in ``[0, count)``.
+
+    Returns ``(means[count, d], sizes[count])``; empty groups get a zero mean.  Rows
+    where ``include`` is False are left out.  One matrix product, no loop.
+    """
+    onehot = torch.nn.functional.one_hot(groups, count).to(messages.dtype).T  # [count, N]
+    if include is not None:
+        onehot = onehot * include.to(messages.dtype)
+    sizes = onehot.sum(-1)
+    used = (onehot.sum(0) > 0).unsqueeze(-1)  # rows in no group must not leak 0 * NaN
+    sums = onehot @ torch.where(used, messages, torch.zeros_like(messages))
+    return sums / sizes.clamp_min(1).unsqueeze(-1), sizes

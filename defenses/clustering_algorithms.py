@@ -1,0 +1,231 @@
+"""The threshold-clustering family of Werner et al.: Federated-Clustering (Alg. 2),
+Momentum-Clustering (Alg. 4) and Myopic-Clustering (Alg. 1), all built on
+:func:`defenses.threshold_clustering.threshold_clustering` (Alg. 3)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, field_validator
+from torch import Tensor
+
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
+from defenses.kmeans_init import kmeans_plus_plus
+from defenses.radius import make_radius
+from defenses.threshold_clustering import nearest_centre, threshold_clustering
+from robust_pfl.federation import Federation
+from robust_pfl.types import RoundRecord
+
+
+class ClusteringParams(AlgorithmParams):
+    """Threshold-Clustering settings shared by FC, MC and Myopic."""
+
+    radius: float | dict[str, Any] = Field(
+        default_factory=lambda: {"policy": "quantile", "q": 0.2},
+        description="fixed radius, or {policy = fixed|theory|quantile|cd, ...}",
+    )
+    clustering_rounds: int = Field(10, ge=0, description="Threshold-Clustering rounds M")
+    method: Literal["direct", "gram"] = Field("direct", description="distance evaluation")
+
+    @field_validator("radius")
+    @classmethod
+    def _valid_radius(cls, value: Any) -> Any:
+        make_radius(value)  # raises ValueError naming the bad field
+        return value
+
+    def radius_policy(self):
+        return make_radius(self.radius)
+
+
+class FederatedClusteringParams(ClusteringParams):
+    groups: int = Field(1, ge=1, description="random subgroups per round (paper's MNIST: 16)")
+    memory_budget_mb: int = Field(1024, ge=1, description="working-set bound for cross gradients")
+
+
+@register
+class FederatedClustering(Algorithm):
+    """Federated-Clustering (Werner et al., Alg. 2).
+
+    Every client ``i`` receives ``g_j(x_i)`` from every client ``j`` (of its subgroup)
+    and runs Threshold-Clustering on them with one centre started at its own
+    ``g_i(x_i)``; then ``x_i -= eta * v_i`` (with optional heavy-ball momentum, as the
+    official code does).  ``O(N^2)`` gradient evaluations per round, computed as
+    batched chunks of receivers whose working set stays under ``memory_budget_mb``.
+    Byzantine clients' own models are never updated (only their messages matter).
+    All clients of a subgroup use the same batch for every receiver in a round.
+    """
+
+    name = "fc"
+    summary = "Federated-Clustering: cluster everyone's gradients at my model (Alg. 2)"
+    reference = "Werner et al. 2023, Alg. 2"
+    Params = FederatedClusteringParams
+
+    def __init__(self, federation: Federation, params: FederatedClusteringParams) -> None:
+        super().__init__(federation, params)
+        self.models = federation.init_params(1).expand(federation.clients, -1).clone()
+        self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
+        self.policy = params.radius_policy()
+        self._groups_rng = federation.rng("fc-groups")
+        self._buffer: Tensor | None = None
+
+    def _subgroups(self) -> list[Tensor]:
+        n = self.federation.clients
+        if self.params.groups == 1:
+            return [torch.arange(n, device=self.federation.device)]
+        order = torch.randperm(n, generator=self._groups_rng, device=self._groups_rng.device)
+        return [part.to(self.federation.device) for part in torch.tensor_split(order, self.params.groups)]
+
+    def _workspace(self, rows: int, senders: int) -> Tensor:
+        shape = (rows, senders, self.models.shape[1])
+        if self._buffer is None or self._buffer.numel() < rows * senders * shape[2]:
+            self._buffer = self.models.new_empty(shape)
+        return self._buffer.view(-1)[: rows * senders * shape[2]].view(shape)
+
+    def step(self, round_index: int) -> RoundRecord:
+        fed = self.federation
+        batch = fed.sample_batch()
+        d = self.models.shape[1]
+        updates = torch.zeros_like(self.models)
+        own = torch.zeros_like(self.models)
+        row_bytes = 2 * d * self.models.element_size()
+        for members in self._subgroups():
+            group_batch = batch.select(members)
+            receivers = (fed.honest[members]).nonzero().squeeze(-1)  # positions in group
+            for chunk in fed.chunks(receivers, row_bytes * members.numel(), self.params.memory_budget_mb << 20):
+                clients = members[chunk]
+                grads = fed.cross_gradients(
+                    self.models[clients], group_batch, out=self._workspace(chunk.numel(), members.numel())
+                )
+                rows = torch.arange(chunk.numel(), device=grads.device)
+                start = grads[rows, chunk].clone()  # g_i(x_i): the initial centre
+                own[clients] = start
+                received = fed.deliver(grads, round_index, "cross_gradient", receivers=clients, senders=members)
+                result = threshold_clustering(
+                    received,
+                    start.unsqueeze(1),
+                    self.policy,
+                    self.params.clustering_rounds,
+                    method=self.params.method,
+                )
+                updates[clients] = result.centres[:, 0]
+        honest = fed.honest.nonzero().squeeze(-1)
+        self.optimizer.apply(self.models, updates[honest], rows=honest)
+        return RoundRecord(round_index, gradients=own, updates=updates)
+
+    def client_models(self) -> Tensor:
+        return self.models
+
+
+class CentreClusteringParams(ClusteringParams):
+    clusters: int | None = Field(None, ge=1, description="K centres (default: the task's K)")
+    init: Literal["kmeans++", "random_clients"] = Field("kmeans++", description="how centres are seeded")
+    warm_start: bool = Field(
+        True, description="start from last round's centres (Alg. 4); False: seed afresh each round"
+    )
+
+
+class _ServerClustering(Algorithm):
+    """Shared server side of Myopic- and Momentum-Clustering: cluster the N received
+    vectors into K centres warm-started from last round, assign each client to its
+    nearest centre, and send it that centre."""
+
+    forms_clusters = True
+    message_kind = "gradient"
+
+    def __init__(self, federation: Federation, params: CentreClusteringParams) -> None:
+        super().__init__(federation, params)
+        self.models = federation.init_params(1).expand(federation.clients, -1).clone()
+        self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
+        self.policy = params.radius_policy()
+        self.k = params.clusters or federation.clusters
+        self.centres: Tensor | None = None
+        self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
+        self._init_rng = federation.rng(f"{self.name}-centres")
+
+    def _initial_centres(self, received: Tensor) -> Tensor:
+        if self.params.init == "kmeans++":
+            return kmeans_plus_plus(received, self.k, self._init_rng)
+        pick = torch.randperm(received.shape[0], generator=self._init_rng)[: self.k]
+        return torch.nan_to_num(received[pick.to(received.device)], nan=0.0, posinf=0.0, neginf=0.0)
+
+    def _cluster_and_update(self, round_index: int, vectors: Tensor) -> tuple[Tensor, Tensor]:
+        fed = self.federation
+        state = {"centres": self.centres, "radius_policy": self.policy}
+        received = fed.deliver(vectors, round_index, self.message_kind, defense_state=state)
+        if self.centres is None or not self.params.warm_start:
+            self.centres = self._initial_centres(received)
+        result = threshold_clustering(
+            received, self.centres, self.policy, self.params.clustering_rounds, method=self.params.method
+        )
+        self.centres = result.centres
+        self.assignment = nearest_centre(received, self.centres)
+        updates = self.centres[self.assignment]
+        honest = fed.honest.nonzero().squeeze(-1)
+        self.optimizer.apply(self.models, updates[honest], rows=honest)
+        return updates, received
+
+    def client_models(self) -> Tensor:
+        return self.models
+
+
+class MyopicParams(CentreClusteringParams):
+    warm_start: bool = Field(
+        False, description="Alg. 1 clusters each round's gradients afresh (k-means++ seeding)"
+    )
+
+
+@register
+class MyopicClustering(_ServerClustering):
+    """Myopic-Clustering (Werner et al., Alg. 1): the server clusters the N gradients
+    ``g_i(x_i)`` of this round (centres seeded afresh by default) and sends each client
+    its nearest centre; ``x_i -= eta * v_{k_i}``.  Fails on the constructed example of
+    Sec. 2.1 (Fig. 1a)."""
+
+    name = "myopic"
+    summary = "Myopic-Clustering: server clusters the N gradients (Alg. 1)"
+    reference = "Werner et al. 2023, Alg. 1"
+    Params = MyopicParams
+
+    def step(self, round_index: int) -> RoundRecord:
+        grads = self.federation.gradients(self.models, self.federation.sample_batch())
+        updates, _ = self._cluster_and_update(round_index, grads)
+        return RoundRecord(
+            round_index, gradients=grads, updates=updates, centres=self.centres, assignment=self.assignment
+        )
+
+
+class MomentumClusteringParams(CentreClusteringParams):
+    alpha: float = Field(0.1, gt=0, le=1, description="momentum weight on the new gradient (eq. 29)")
+
+
+@register
+class MomentumClustering(_ServerClustering):
+    """Momentum-Clustering (Werner et al., Alg. 4): each client sends
+    ``m_i = alpha g_i(x_i) + (1 - alpha) m_i`` (eq. 29, ``m_i`` starts at 0); the
+    server clusters the momenta with K centres warm-started from the previous round
+    and sends each client its nearest centre; ``x_i -= eta * v_{k_i}``."""
+
+    name = "mc"
+    summary = "Momentum-Clustering: server clusters the N momenta, warm-started (Alg. 4)"
+    reference = "Werner et al. 2023, Alg. 4"
+    Params = MomentumClusteringParams
+    message_kind = "momentum"
+
+    def __init__(self, federation: Federation, params: MomentumClusteringParams) -> None:
+        super().__init__(federation, params)
+        self.momenta = torch.zeros_like(self.models)
+
+    def step(self, round_index: int) -> RoundRecord:
+        grads = self.federation.gradients(self.models, self.federation.sample_batch())
+        alpha = self.params.alpha
+        self.momenta = alpha * grads + (1 - alpha) * self.momenta
+        updates, _ = self._cluster_and_update(round_index, self.momenta)
+        return RoundRecord(
+            round_index,
+            gradients=grads,
+            momenta=self.momenta,
+            updates=updates,
+            centres=self.centres,
+            assignment=self.assignment,
+        )

@@ -1,0 +1,26 @@
+"""robust-pfl: a testbed for Byzantine robustness in personalised federated learning.
+
+The core (this package) is the simulated federation everything plugs into: stacked
+client parameters and data, batched per-client gradients, seeded streams, and one
+attack injection point.  ``attacks`` and ``defenses`` build on it; the composition
+root (:mod:`robust_pfl.cli`, :mod:`robust_pfl.experiments`) wires them together.
+"""
+
+from robust_pfl.data import Batch, ClientData
+from robust_pfl.federation import Federation
+from robust_pfl.objectives import DenseNetwork, Objective, ScalarFunctions
+from robust_pfl.types import Attack, AttackContext, RoundRecord
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "ClientData",
+    "Federation",
+    "Objective",
+    "DenseNetwork",
+    "ScalarFunctions",
+    "Attack",
+    "AttackContext",
+    "RoundRecord",
+]

@@ -1,0 +1,144 @@
+"""Composition root: turns a validated config into federations, algorithms and
+results.  The only module (with :mod:`robust_pfl.cli` and the recipes) that knows the
+core, ``attacks`` and ``defenses`` together."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from pydantic import ValidationError
+
+import attacks
+import defenses
+from robust_pfl.config import ConfigError, ExperimentConfig, MethodConfig
+from robust_pfl.federation import Federation
+from robust_pfl.results import ResultTable, write_results
+from robust_pfl.tasks import SyntheticLinearRegression, Task
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def validate(config: ExperimentConfig) -> ExperimentConfig:
+    """Check method and attack names and options against the registries.
+
+    Raises :class:`ConfigError` naming the field (``methods[1].radius`` ...).
+    """
+    for index, method in enumerate(config.methods):
+        where = f"methods[{index}]"
+        if method.name not in defenses.REGISTRY:
+            raise ConfigError(
+                f"{where}.name: unknown method {method.name!r}; allowed: {sorted(defenses.REGISTRY)}"
+            )
+        try:
+            defenses.REGISTRY[method.name].Params(**method.options())
+        except ValidationError as error:
+            details = "; ".join(
+                f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
+            )
+            raise ConfigError(details) from None
+    if config.attack.name != "none":
+        try:
+            attacks.build(config.attack.name, config.attack.options())
+        except ValueError as error:
+            raise ConfigError(f"attack: {error}; allowed names: {['none', *sorted(attacks.REGISTRY)]}") from None
+    labels = [m.display for m in config.methods]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"methods: labels must be unique, got {labels} (set 'label')")
+    if config.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device: {config.device!r} requested but CUDA is not available")
+    return config
+
+
+def build_task(config: ExperimentConfig, seed: int) -> Task:
+    spec = config.task.model_dump(exclude={"name"})
+    return SyntheticLinearRegression(**spec).build(
+        seed,
+        byzantine_total=config.byzantine.total,
+        byzantine_per_cluster=config.byzantine.per_cluster,
+        dtype=DTYPES[config.dtype],
+    )
+
+
+def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federation:
+    attack = None if config.attack.name == "none" else attacks.build(config.attack.name, config.attack.options())
+    return Federation(
+        objective=task.objective,
+        train=task.train,
+        cluster_ids=task.cluster_ids,
+        byzantine=task.byzantine,
+        seed=seed,
+        batch_size=config.batch_size,
+        attack=attack,
+        device=torch.device(config.device),
+    )
+
+
+def honest_means(task: Task, models: torch.Tensor) -> dict[str, float]:
+    """Honest-client averages of the task's per-client metrics, plus the fraction of
+    honest models that are not finite (must stay 0 under any attack)."""
+    honest = ~task.byzantine.to(models.device)
+    per_client = task.evaluate(models)
+    out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
+    out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
+    return out
+
+
+def run_method(
+    method: MethodConfig,
+    config: ExperimentConfig,
+    seed: int,
+    on_round: Callable[[], None] | None = None,
+    task: Task | None = None,
+) -> ResultTable:
+    """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``."""
+    task = task or build_task(config, seed)
+    federation = build_federation(task, config, seed)
+    algorithm = defenses.build(method.name, federation, method.options())
+    evaluation = Task(
+        task.objective,
+        *(data.__class__(data.inputs.to(federation.device), data.targets.to(federation.device))
+          for data in (task.train, task.validation, task.test)),
+        task.cluster_ids.to(federation.device),
+        task.byzantine.to(federation.device),
+        None if task.optima is None else task.optima.to(federation.device),
+    )
+    table = ResultTable()
+    table.add(method.display, seed, 0, honest_means(evaluation, algorithm.client_models()))
+    for round_index in range(config.rounds):
+        algorithm.step(round_index)
+        if on_round is not None:
+            on_round()
+        done = round_index + 1
+        if done % config.eval_every == 0 or done == config.rounds:
+            table.add(method.display, seed, done, honest_means(evaluation, algorithm.client_models()))
+    return table
+
+
+def progress_bar(total: int, description: str, enabled: bool | None = None):
+    """A tqdm bar on a terminal, silent otherwise."""
+    from tqdm.auto import tqdm
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    return tqdm(total=total, desc=description, disable=not enabled, leave=False)
+
+
+def run_experiment(config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run every method for every seed; write ``history.csv``/``summary.json``."""
+    validate(config)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    table = ResultTable()
+    total = config.rounds * len(config.methods) * len(config.seeds)
+    with progress_bar(total, "robust-pfl run", progress) as bar:
+        for seed in config.seeds:
+            task = build_task(config, seed)
+            for method in config.methods:
+                bar.set_postfix_str(f"{method.display} seed={seed}")
+                table.extend(run_method(method, config, seed, on_round=lambda: bar.update(1), task=task))
+    extra = {"config": config.model_dump(mode="json")}
+    if out_dir is not None:
+        return write_results(table, Path(out_dir), extra)
+    return {"final": table.final(), **extra}

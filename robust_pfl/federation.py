@@ -1,0 +1,150 @@
+"""The simulated federation: N clients with hidden clusters, stacked data, a Byzantine
+mask, seeded streams, and the one place where attacks inject.
+
+Everything an algorithm needs from "the clients" goes through :class:`Federation`:
+
+* ``sample_batch()``: one seeded batch per client (one gather, no client loop);
+* ``gradients(params, batch)``: honest ``g_i(x_i)`` for all clients at once;
+* ``cross_gradients(params_rows, batch)``: ``g_j(x_m)`` for a chunk of models ``m``;
+* ``deliver(messages, context)``: **the injection point**: the attack replaces the
+  Byzantine rows of any message set before the algorithm aggregates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import Tensor
+
+from robust_pfl.data import Batch, ClientData
+from robust_pfl.objectives import Objective
+from robust_pfl.seeding import generator as make_generator
+from robust_pfl.types import Attack, AttackContext, MessageKind
+
+
+@dataclass
+class Federation:
+    """A federation of ``N`` clients (honest and Byzantine).
+
+    Attributes:
+        objective: the loss every client minimises on its own data.
+        train: stacked client data ``[N, n, ...]``.
+        cluster_ids: ``[N]`` hidden cluster index of each client (Byzantine clients
+            carry the cluster they were placed in).
+        byzantine: ``[N]`` bool mask.
+        seed: the run's seed; streams derive from it.
+        batch_size: samples per client per round (``None``: full local data).
+        attack: the gradient attack, or ``None``.
+        device: where tensors live.
+    """
+
+    objective: Objective
+    train: ClientData
+    cluster_ids: Tensor
+    byzantine: Tensor
+    seed: int = 0
+    batch_size: int | None = None
+    attack: Attack | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    def __post_init__(self) -> None:
+        n = self.train.inputs.shape[0]
+        if self.cluster_ids.shape != (n,) or self.byzantine.shape != (n,):
+            raise ValueError(
+                f"cluster_ids and byzantine must have shape ({n},), got "
+                f"{tuple(self.cluster_ids.shape)} and {tuple(self.byzantine.shape)}"
+            )
+        self.device = torch.device(self.device)
+        self.train = ClientData(self.train.inputs.to(self.device), self.train.targets.to(self.device))
+        self.cluster_ids = self.cluster_ids.to(self.device).long()
+        self.byzantine = self.byzantine.to(self.device).bool()
+        self._batch_rng = make_generator(self.seed, "batches", self.device)
+        self._attack_rng = make_generator(self.seed, "attack", self.device)
+
+    # -- facts ------------------------------------------------------------------------
+    @property
+    def clients(self) -> int:
+        return self.train.inputs.shape[0]
+
+    @property
+    def honest(self) -> Tensor:
+        return ~self.byzantine
+
+    @property
+    def clusters(self) -> int:
+        return int(self.cluster_ids.max().item()) + 1
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.train.inputs.dtype
+
+    def rng(self, stream: str) -> torch.Generator:
+        """A fresh generator for a named stream of this run (e.g. an algorithm's)."""
+        return make_generator(self.seed, stream, self.device)
+
+    def init_params(self, count: int, stream: str = "init") -> Tensor:
+        """``count`` initial parameter rows from the objective's initialiser."""
+        cpu = make_generator(self.seed, stream)
+        return self.objective.init(count, cpu, self.dtype).to(self.device)
+
+    # -- client computation -------------------------------------------------------------
+    def sample_batch(self) -> Batch:
+        """This round's batch for every client (seeded, one gather)."""
+        return self.train.sample(self.batch_size, self._batch_rng)
+
+    def gradients(self, params: Tensor, batch: Batch) -> Tensor:
+        """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]``."""
+        return self.objective.paired_gradients(params, batch)
+
+    def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        """Honest ``g_j(x_m)`` for model rows ``params[M, d]``: ``[M, N, d]``."""
+        return self.objective.cross_gradients(params, batch, out=out)
+
+    def cross_losses(self, params: Tensor, batch: Batch) -> Tensor:
+        """Honest ``f_j(x_m)`` for model rows ``params[M, d]``: ``[M, N]``."""
+        return self.objective.cross_losses(params, batch)
+
+    def chunks(self, rows: Tensor, bytes_per_row: int, budget_bytes: int) -> Iterator[Tensor]:
+        """Split index tensor ``rows`` into chunks whose working set fits the budget."""
+        size = max(1, budget_bytes // max(1, bytes_per_row))
+        for start in range(0, rows.numel(), size):
+            yield rows[start : start + size]
+
+    # -- the injection point ------------------------------------------------------------
+    def deliver(
+        self,
+        messages: Tensor,
+        round_index: int,
+        kind: MessageKind,
+        receivers: Tensor | None = None,
+        defense_state: Mapping[str, Any] | None = None,
+        senders: Tensor | None = None,
+    ) -> Tensor:
+        """Messages ``[..., S, d]`` as the aggregator receives them: honest rows
+        unchanged, Byzantine rows replaced by the attack's output.  ``senders`` lists
+        the client index of each of the ``S`` rows (default: all N clients in order).
+        Without an attack, or without Byzantine senders, messages pass unchanged."""
+        byzantine = self.byzantine if senders is None else self.byzantine[senders]
+        cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
+        if self.attack is None or not bool(byzantine.any()):
+            return messages
+        context = AttackContext(
+            round_index=round_index,
+            kind=kind,
+            byzantine=byzantine,
+            cluster_ids=cluster_ids,
+            generator=self._attack_rng,
+            receivers=receivers,
+            defense_state=dict(defense_state or {}),
+        )
+        malicious = self.attack(messages, context)
+        expected = (*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
+        if tuple(malicious.shape) != expected:
+            raise ValueError(
+                f"attack returned shape {tuple(malicious.shape)}, expected {expected}"
+            )
+        delivered = messages.clone()
+        delivered[..., byzantine, :] = malicious.to(messages.dtype)
+        return delivered

@@ -1,0 +1,6 @@
+"""Clustered tasks: data, objective and hidden clusters of a federation."""
+
+from robust_pfl.tasks.base import Task, place_clients
+from robust_pfl.tasks.synthetic import SyntheticLinearRegression
+
+__all__ = ["Task", "place_clients", "SyntheticLinearRegression"]

@@ -1,0 +1,69 @@
+"""Core types shared by attacks, defenses and theory checks.
+
+The core defines the *interfaces* (what an attack sees, what a round reports); the
+packages ``attacks`` and ``defenses`` implement them and never import each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+MessageKind = Literal["gradient", "momentum", "cross_gradient", "model"]
+
+
+@dataclass(frozen=True)
+class AttackContext:
+    """What an attacker may see when the federation collects one set of messages.
+
+    Attributes:
+        round_index: the training round (0-based).
+        kind: what the messages are (own gradients, momenta, FC's cross gradients ...).
+        byzantine: ``[N]`` bool mask of Byzantine senders.
+        cluster_ids: ``[N]`` hidden cluster of every client (an omniscient attacker
+            may use it; Byzantine clients carry the cluster they were placed in).
+        receivers: for ``cross_gradient`` messages ``[..., N, d]``, the index of the
+            client whose model the leading rows were evaluated at; else ``None``.
+        defense_state: what the defense exposes to adaptive attacks (e.g. ``centres``,
+            ``radius``); empty for non-adaptive defenses.
+        generator: the attack's own seeded generator (independent of data sampling).
+    """
+
+    round_index: int
+    kind: MessageKind
+    byzantine: Tensor
+    cluster_ids: Tensor
+    generator: torch.Generator
+    receivers: Tensor | None = None
+    defense_state: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Attack(Protocol):
+    """A gradient attack: given the honest messages ``[..., N, d]`` (every row as an
+    honest client would have sent it, Byzantine rows included), return the Byzantine
+    rows ``[..., n_byzantine, d]`` in the order of ``context.byzantine.nonzero()``."""
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor: ...
+
+
+@dataclass
+class RoundRecord:
+    """What one round of an algorithm exposes (for metrics and theory checks).
+
+    Every tensor is optional; algorithms fill what they compute.  ``gradients`` and
+    ``momenta`` are the honest per-client ``[N, d]`` values before any attack;
+    ``updates`` are the vectors each client applied; ``assignment`` the cluster each
+    client was assigned this round (``[N]``), if the algorithm forms clusters.
+    """
+
+    round_index: int
+    gradients: Tensor | None = None
+    momenta: Tensor | None = None
+    updates: Tensor | None = None
+    centres: Tensor | None = None
+    assignment: Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
