@@ -68,7 +68,9 @@ def threshold_clustering(
     Args:
         points: ``[N, d]`` or ``[B, N, d]`` (B independent problems, e.g. one per FC
             client).
-        centres: initial centres ``[K, d]`` or ``[B, K, d]``; must be finite.
+        centres: initial centres ``[K, d]`` or ``[B, K, d]``.  An inadmissible
+            (non-finite) initial centre is returned unchanged and captures no point,
+            so a diverged client never crashes the round.
         radius: a radius policy, a number (fixed radius) or a mapping
             ``{"policy": "quantile", "q": 0.2}`` (see :mod:`defenses.radius`).
         rounds: number of rounds ``M`` (the paper uses 10); 0 returns the input.
@@ -85,8 +87,6 @@ def threshold_clustering(
         )
     if points.shape[-1] != centres.shape[-1]:
         raise ValueError(f"points and centres differ in dimension: {points.shape[-1]} vs {centres.shape[-1]}")
-    if not torch.isfinite(centres).all():
-        raise ValueError("initial centres must be finite")
     policy = make_radius(radius)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)
@@ -95,8 +95,16 @@ def threshold_clustering(
         raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {v0.shape[0]}")
     admissible = admissible_points(z)
     clean = torch.where(admissible.unsqueeze(-1), z, torch.zeros_like(z))
+    live = admissible_points(v0)  # [B, K]
+    start = torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
     run = _run_gram if method == "gram" else _run_direct
-    result = run(clean, v0, admissible, policy, rounds)
+    result = run(clean, start, admissible, policy, rounds)
+    if not bool(live.all()):
+        result = ClusteringResult(
+            torch.where(live.unsqueeze(-1), result.centres, v0),
+            result.inside & live.unsqueeze(-1),
+            result.radius,
+        )
     if batched:
         return result
     return ClusteringResult(result.centres[0], result.inside[0], result.radius[0])

@@ -241,6 +241,11 @@ class DenseNetwork(Objective):
         return grads
 
 
+# Below this many weight-gradient entries per model, one broadcast matmul beats the
+# per-model loop (Python overhead dominates); above it the loop avoids M input copies.
+_LOOP_MIN_BLOCK = 1 << 16
+
+
 def _weight_gradients(
     dz: Tensor, a_prev: Tensor, out: Tensor, scratch: dict[tuple, Tensor]
 ) -> None:
@@ -252,7 +257,8 @@ def _weight_gradients(
     input: measured 4x faster than a broadcast ``matmul`` on CPU.
     """
     models, clients = dz.shape[:2]
-    if a_prev.shape[0] == 1 and models > 1:
+    large = dz.shape[-1] * a_prev.shape[-1] * clients >= _LOOP_MIN_BLOCK
+    if a_prev.shape[0] == 1 and models > 1 and large:
         shared = a_prev[0]
         shape = (clients, dz.shape[-1], shared.shape[-1])
         key = (shape, dz.dtype, dz.device)

@@ -64,11 +64,17 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+BASE_COLUMNS = ["method", "seed", "round", "metric", "value"]
+
+
 def write_history(rows: Iterable[dict[str, Any]], path: Path) -> None:
+    """Tidy CSV; extra keys (e.g. a recipe's ``setting``) become leading columns."""
     import io
 
+    rows = list(rows)
+    extra = sorted({key for row in rows for key in row} - set(BASE_COLUMNS))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=["method", "seed", "round", "metric", "value"])
+    writer = csv.DictWriter(buffer, fieldnames=[*extra, *BASE_COLUMNS])
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, buffer.getvalue())

@@ -1,0 +1,180 @@
+"""Reproduce Werner et al. Fig. 3 (Sec. 4.1): synthetic clustered linear regression.
+
+FC, Local, IFCA, Global (FedAvg) and GT (oracle clusters) at
+``(K, n_i) in {(4, 4), (4, 16), (16, 4)}`` with the official code's data settings
+(SPEC section 5): feature mean = cluster index, ``x_k*`` in ``{0, 1}^d`` scaled by
+100, no label noise, full-batch gradients, heavy-ball momentum 0.9 on every method's
+update, FC with 10 clustering rounds and a quantile radius recomputed every round
+(strict inclusion).
+
+Hyper-parameters are chosen per (setting, method) from a small grid, as the paper
+did, by the **validation** loss (fresh samples from each client's distribution) at
+the last round of the first seed; the chosen setting is then run on every seed and
+the reported numbers are the **test** metrics of those runs:
+``param_error = mean_i ||x_i - x_{k_i}*||^2`` over clients, and the test loss.
+At ``K = 16`` FC's grid includes the quantile ``1/K`` (the radius must follow the
+cluster fraction).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from robust_pfl.config import ExperimentConfig, MethodConfig, parse_config
+from robust_pfl.experiments import build_task, progress_bar, run_method
+from robust_pfl.results import ResultTable, write_history, write_summary
+
+SETTINGS: tuple[tuple[int, int], ...] = ((4, 4), (4, 16), (16, 4))
+METHODS = ("fc", "local", "ifca", "global", "ground_truth")
+LABELS = {"fc": "FC", "local": "Local", "ifca": "IFCA", "global": "Global", "ground_truth": "GT"}
+
+
+@dataclass(frozen=True)
+class Mode:
+    rounds: int
+    learning_rates: tuple[float, ...]
+    seeds: int
+    eval_every: int
+
+
+FULL = Mode(rounds=800, learning_rates=(3e-4, 1e-3, 3e-3, 1e-2, 3e-2), seeds=3, eval_every=20)
+QUICK = Mode(rounds=300, learning_rates=(1e-3, 3e-3, 1e-2), seeds=1, eval_every=25)
+
+
+def radius_grid(clusters: int) -> list[dict[str, Any]]:
+    """FC's radius candidates: the official quantile 0.25, the paper's MNIST value 0.2,
+    and ``1/K``.  With ``K = 4`` equal clusters, 0.25 puts the radius exactly at the
+    cluster boundary (between the 16th and 17th of 64 distances), and an early
+    mis-clustering can strand a client; 0.2 leaves a margin."""
+    quantiles = sorted({0.25, 0.2, round(1.0 / clusters, 6)}, reverse=True)
+    return [{"policy": "quantile", "q": q, "strict": True} for q in quantiles]
+
+
+def candidates(method: str, clusters: int, mode: Mode) -> list[dict[str, Any]]:
+    """Hyper-parameter candidates for one method (learning rate x radius for FC)."""
+    base = {"heavy_ball": 0.9}
+    radii = radius_grid(clusters) if method == "fc" else [None]
+    out = []
+    for lr, radius in itertools.product(mode.learning_rates, radii):
+        options = {**base, "lr": lr}
+        if radius is not None:
+            options["radius"] = radius
+        out.append(options)
+    return out
+
+
+def setting_config(clusters: int, per_cluster: int, mode: Mode, seeds: list[int]) -> ExperimentConfig:
+    return parse_config(
+        {
+            "seeds": seeds,
+            "rounds": mode.rounds,
+            "eval_every": mode.eval_every,
+            "dtype": "float64",
+            "task": {"clusters": clusters, "clients_per_cluster": per_cluster},
+            "methods": [{"name": m} for m in METHODS],
+        },
+        source=f"fig3 K={clusters} n={per_cluster}",
+    )
+
+
+def _final(table: ResultTable, metric: str) -> float:
+    last = max((r for r in table.rows if r["metric"] == metric), key=lambda r: r["round"])
+    value = last["value"]
+    return value if math.isfinite(value) else math.inf
+
+
+def run(out: Path, quick: bool = False, seeds: int | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run the grid, select on validation loss, write results and the plot."""
+    mode = QUICK if quick else FULL
+    seed_list = list(range(seeds if seeds is not None else mode.seeds))
+    history = ResultTable()
+    summary: dict[str, Any] = {"mode": "quick" if quick else "full", "rounds": mode.rounds, "seeds": seed_list, "settings": {}}
+    total = sum(len(candidates(m, k, mode)) * mode.rounds for k, _ in SETTINGS for m in METHODS)
+    total += len(SETTINGS) * len(METHODS) * (len(seed_list) - 1) * mode.rounds
+    started = time.perf_counter()
+    with progress_bar(total, "fig3", progress) as bar:
+        tick = lambda: bar.update(1)  # noqa: E731
+        for clusters, per_cluster in SETTINGS:
+            config = setting_config(clusters, per_cluster, mode, seed_list)
+            tasks = {seed: build_task(config, seed) for seed in seed_list}
+            key = f"K={clusters},n={per_cluster}"
+            summary["settings"][key] = {}
+            for method in METHODS:
+                first = seed_list[0]
+                best: tuple[float, dict[str, Any], ResultTable] | None = None
+                for options in candidates(method, clusters, mode):
+                    spec = MethodConfig(name=method, label=LABELS[method], **options)
+                    table = run_method(spec, config, first, on_round=tick, task=tasks[first])
+                    score = _final(table, "validation_loss")
+                    if best is None or score < best[0]:
+                        best = (score, options, table)
+                assert best is not None
+                score, options, first_table = best
+                spec = MethodConfig(name=method, label=LABELS[method], **options)
+                tables = [first_table] + [
+                    run_method(spec, config, seed, on_round=tick, task=tasks[seed]) for seed in seed_list[1:]
+                ]
+                for table in tables:
+                    for row in table.rows:
+                        history.rows.append({"setting": key, **row})
+                per_seed = [_final(t, "param_error") for t in tables]
+                summary["settings"][key][LABELS[method]] = {
+                    "chosen": options,
+                    "validation_loss_seed0": score,
+                    "param_error": sum(per_seed) / len(per_seed),
+                    "param_error_per_seed": per_seed,
+                    "test_loss": sum(_final(t, "test_loss") for t in tables) / len(tables),
+                }
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    summary["checks"] = acceptance_checks(summary["settings"])
+    out.mkdir(parents=True, exist_ok=True)
+    write_history(history.rows, out / "history.csv")
+    write_summary(summary, out / "summary.json")
+    plot(out / "history.csv", out / "fig3.png")
+    return summary
+
+
+def acceptance_checks(settings: dict[str, Any]) -> dict[str, bool]:
+    """The claims of Fig. 3 that the issue asks us to verify."""
+    checks = {}
+    for key in ("K=4,n=4", "K=4,n=16"):
+        result = settings[key]
+        checks[f"{key}: FC below Local"] = result["FC"]["param_error"] < result["Local"]["param_error"]
+        checks[f"{key}: FC below Global"] = result["FC"]["param_error"] < result["Global"]["param_error"]
+    n16 = settings["K=4,n=16"]
+    checks["K=4,n=16: FC within 25% of GT"] = n16["FC"]["param_error"] <= 1.25 * n16["GT"]["param_error"]
+    return checks
+
+
+def plot(history_csv: Path, target: Path) -> None:
+    """Honest-mean parameter error vs round, one panel per setting (seaborn)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+    import seaborn as sns
+
+    frame = pd.read_csv(history_csv)
+    frame = frame[frame["metric"] == "param_error"]
+    grid = sns.relplot(
+        data=frame, x="round", y="value", hue="method", col="setting", kind="line",
+        errorbar=("pi", 100), height=3.2, aspect=1.1, facet_kws={"sharey": False},
+    )
+    grid.set(yscale="log", ylabel="mean ||x_i - x*||^2")
+    grid.figure.suptitle("Werner et al. Fig. 3 (synthetic linear regression), robust-pfl", y=1.03)
+    grid.savefig(target, dpi=120, bbox_inches="tight")
+
+
+def main(out: Path, quick: bool = False, seeds: int | None = None) -> None:
+    summary = run(out, quick=quick, seeds=seeds)
+    print(f"wrote {out}/summary.json, history.csv, fig3.png ({summary['seconds']} s)")
+    for key, methods in summary["settings"].items():
+        row = "  ".join(f"{name}={v['param_error']:.3g}" for name, v in methods.items())
+        print(f"  {key}: {row}")
+    for claim, ok in summary["checks"].items():
+        print(f"  [{'ok' if ok else 'FAILED'}] {claim}")

@@ -1,0 +1,294 @@
+"""Conformance suite that every registered defense must pass (cf. scikit-learn's
+``check_estimator``).
+
+Every test is parametrised over ``sorted(defenses.REGISTRY)``, so an algorithm added to
+the registry is checked automatically.  The checks are the contract of
+:class:`defenses.base.Algorithm` (ARCHITECTURE.md, "Codebases worth imitating"):
+
+* shapes: ``client_models()`` is ``[N, d]`` in the federation's dtype; ``step(t)``
+  returns a :class:`robust_pfl.RoundRecord` for round ``t`` with per-client tensors of
+  the right shapes; algorithms that form clusters report an assignment;
+* parameters are validated at construction, naming the bad field;
+* seeded determinism: the same seed gives bit-identical models, another seed does not;
+* no mutation of the federation's data, and records are snapshots;
+* hostile Byzantine rows (NaN, +-Inf, 1e38, large gradients) never make an honest
+  client's model non-finite, and never raise;
+* honest-only invariant: without Byzantine clients the attack is never called and the
+  run equals one without an attack.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+import torch
+
+import attacks
+import defenses
+from defenses import REGISTRY
+from robust_pfl import Federation, RoundRecord
+from robust_pfl.tasks import SyntheticLinearRegression
+from robust_pfl.types import AttackContext
+
+ALGORITHMS = sorted(REGISTRY)
+
+CLUSTERS = 2
+CLIENTS_PER_CLUSTER = 3
+BYZANTINE = 2
+DIM = 5
+ROUNDS = 4
+
+
+def make_task(seed: int, byzantine_total: int = BYZANTINE, dtype: torch.dtype = torch.float64):
+    return SyntheticLinearRegression(
+        clusters=CLUSTERS,
+        clients_per_cluster=CLIENTS_PER_CLUSTER,
+        dim=DIM,
+        samples_per_client=6,
+        validation_samples=4,
+        test_samples=4,
+        scale=10.0,
+    ).build(seed, byzantine_total=byzantine_total, dtype=dtype)
+
+
+def make_federation(task, seed: int, attack=None) -> Federation:
+    # batch_size < samples_per_client, so the batch stream is genuinely random
+    return Federation(task.objective, task.train, task.cluster_ids, task.byzantine, seed, 4, attack)
+
+
+def options_for(name: str, randomised: bool = False) -> dict[str, Any]:
+    """Small learning rate; a permissive quantile radius where the algorithm has one.
+    ``randomised`` also switches on the options that draw random numbers of their own
+    (FC's random subgroups, random-client centre seeding), where they exist."""
+    fields = REGISTRY[name].Params.model_fields
+    options: dict[str, Any] = {"lr": 1e-3}
+    if "radius" in fields:
+        options["radius"] = {"policy": "quantile", "q": 0.5}
+    if randomised:
+        if "groups" in fields:
+            options["groups"] = 2
+        if "init" in fields:
+            options["init"] = "random_clients"
+    return options
+
+
+def run(name: str, seed: int = 0, attack=None, byzantine_total: int = BYZANTINE,
+        dtype: torch.dtype = torch.float64, rounds: int = ROUNDS, randomised: bool = False):
+    task = make_task(seed, byzantine_total, dtype)
+    fed = make_federation(task, seed, attack)
+    algo = defenses.build(name, fed, options_for(name, randomised))
+    records = [algo.step(t) for t in range(rounds)]
+    return fed, algo, records
+
+
+class SpyAttack:
+    """Records every call; returns zeros of the required shape."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, messages: torch.Tensor, context: AttackContext) -> torch.Tensor:
+        self.calls += 1
+        shape = (*messages.shape[:-2], int(context.byzantine.sum()), messages.shape[-1])
+        return messages.new_zeros(shape)
+
+
+def record_tensors(record: RoundRecord) -> dict[str, torch.Tensor]:
+    fields = ("gradients", "momenta", "updates", "centres", "assignment")
+    return {f: getattr(record, f) for f in fields if getattr(record, f) is not None}
+
+
+# -- registry hygiene ---------------------------------------------------------------------
+def test_registry_is_not_empty_and_keys_match_names():
+    assert ALGORITHMS, "no algorithm registered"
+    for name, cls in REGISTRY.items():
+        assert cls.name == name
+        assert isinstance(cls.summary, str) and cls.summary.strip()
+
+
+# -- shapes ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_shapes_and_round_records(name):
+    task = make_task(0)
+    fed = make_federation(task, 0, attacks.LargeGradient())
+    algo = defenses.build(name, fed, options_for(name))
+    n, d = fed.clients, task.objective.dim
+    assert n == CLUSTERS * CLIENTS_PER_CLUSTER + BYZANTINE
+
+    models = algo.client_models()
+    assert models.shape == (n, d)
+    assert models.dtype == fed.dtype
+
+    for t in (0, 1, 2):
+        record = algo.step(t)
+        assert isinstance(record, RoundRecord)
+        assert record.round_index == t
+        for field in ("gradients", "momenta", "updates"):
+            value = getattr(record, field)
+            if value is not None:
+                assert value.shape == (n, d), field
+        if record.assignment is not None:
+            assert record.assignment.shape == (n,)
+            assert not record.assignment.is_floating_point()
+        if record.centres is not None:
+            assert record.centres.dim() == 2 and record.centres.shape[1] == d
+            if record.assignment is not None:
+                assert int(record.assignment.max()) < record.centres.shape[0]
+        if REGISTRY[name].forms_clusters:
+            assert record.assignment is not None, "forms_clusters but no assignment reported"
+        models = algo.client_models()
+        assert models.shape == (n, d)
+        assert models.dtype == fed.dtype
+
+
+# -- construction-time validation ---------------------------------------------------------
+@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("bad, field", [({"lr": 0.0}, "lr"), ({"lr": -1.0}, "lr"),
+                                        ({"heavy_ball": 1.0}, "heavy_ball"),
+                                        ({"no_such_option": 1}, "no_such_option")])
+def test_bad_parameters_rejected_naming_the_field(name, bad, field):
+    fed = make_federation(make_task(0), 0)
+    with pytest.raises(ValueError) as info:
+        defenses.build(name, fed, {**options_for(name), **bad})
+    assert field in str(info.value)
+
+
+# -- determinism ----------------------------------------------------------------------------
+@pytest.mark.parametrize("randomised", [False, True], ids=["defaults", "randomised-options"])
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_same_seed_gives_bit_identical_runs(name, randomised):
+    # the attack draws from its own seeded stream: it must be reproducible too
+    _, first, records_a = run(name, seed=3, attack=attacks.LargeGradient(), randomised=randomised)
+    _, second, records_b = run(name, seed=3, attack=attacks.LargeGradient(), randomised=randomised)
+    assert torch.equal(first.client_models(), second.client_models())
+    for ra, rb in zip(records_a, records_b):
+        ta, tb = record_tensors(ra), record_tensors(rb)
+        assert ta.keys() == tb.keys()
+        for key in ta:
+            assert torch.equal(ta[key], tb[key]), key
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_different_seed_gives_different_run(name):
+    _, first, _ = run(name, seed=0)
+    _, second, _ = run(name, seed=1)
+    assert not torch.equal(first.client_models(), second.client_models())
+
+
+# -- no mutation ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_federation_data_not_mutated(name):
+    task = make_task(0)
+    before = {
+        "train.inputs": task.train.inputs.clone(),
+        "train.targets": task.train.targets.clone(),
+        "cluster_ids": task.cluster_ids.clone(),
+        "byzantine": task.byzantine.clone(),
+    }
+    fed = make_federation(task, 0, attacks.LargeGradient())
+    algo = defenses.build(name, fed, options_for(name))
+    for t in range(ROUNDS):
+        algo.step(t)
+    after = {
+        "train.inputs": fed.train.inputs,
+        "train.targets": fed.train.targets,
+        "cluster_ids": fed.cluster_ids,
+        "byzantine": fed.byzantine,
+    }
+    for key, value in before.items():
+        assert torch.equal(after[key].cpu(), value), key
+    assert torch.equal(task.train.inputs, before["train.inputs"])
+    assert torch.equal(task.train.targets, before["train.targets"])
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_round_records_are_snapshots(name):
+    """A record returned by step(t) is not changed by later rounds (theory checks and
+    metrics collect records over time)."""
+    task = make_task(0)
+    fed = make_federation(task, 0, attacks.LargeGradient())
+    algo = defenses.build(name, fed, options_for(name))
+    first = algo.step(0)
+    frozen = {k: v.clone() for k, v in record_tensors(first).items()}
+    assert frozen, "step() reported no tensor at all"
+    for t in range(1, ROUNDS):
+        algo.step(t)
+    for key, value in record_tensors(first).items():
+        assert torch.equal(value, frozen[key]), f"record.{key} changed by later rounds"
+
+
+# -- hostile Byzantine rows -----------------------------------------------------------------
+HOSTILE = {
+    "nan": lambda: attacks.ConstantValue(math.nan),
+    "inf": lambda: attacks.ConstantValue(math.inf),
+    "-inf": lambda: attacks.ConstantValue(-math.inf),
+    "1e38": lambda: attacks.ConstantValue(1e38),
+    "large_gradient": lambda: attacks.LargeGradient(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("hostile", sorted(HOSTILE))
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_hostile_byzantine_rows_never_reach_honest_models(name, hostile, dtype):
+    # 1e38 overflows squared norms and sums in float32: the interesting case
+    fed, algo, records = run(name, seed=0, attack=HOSTILE[hostile](), dtype=dtype, rounds=6)
+    honest_models = algo.client_models()[~fed.byzantine]
+    assert honest_models.shape[0] == CLUSTERS * CLIENTS_PER_CLUSTER
+    assert torch.isfinite(honest_models).all(), f"{name} under {hostile}: honest model not finite"
+    for record in records:
+        if record.gradients is not None:
+            # honest vectors are recorded before the attack
+            assert torch.isfinite(record.gradients[~fed.byzantine]).all()
+
+
+# -- honest-only invariant ------------------------------------------------------------------
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_without_byzantine_clients_the_attack_is_never_called(name):
+    spy = SpyAttack()
+    fed_spy, with_spy, records_spy = run(name, seed=1, attack=spy, byzantine_total=0)
+    assert not bool(fed_spy.byzantine.any())
+    assert spy.calls == 0
+    _, without, records_none = run(name, seed=1, attack=None, byzantine_total=0)
+    assert torch.equal(with_spy.client_models(), without.client_models())
+    for ra, rb in zip(records_spy, records_none):
+        ta, tb = record_tensors(ra), record_tensors(rb)
+        for key in ta:
+            assert torch.equal(ta[key], tb[key]), key
+
+
+def test_spy_attack_is_called_when_byzantine_clients_exist():
+    """Guards the honest-only test against a vacuous spy: with Byzantine clients, an
+    aggregating algorithm (FedAvg) does call the attack."""
+    spy = SpyAttack()
+    run("global", seed=1, attack=spy, byzantine_total=BYZANTINE, rounds=2)
+    assert spy.calls == 2
+
+
+# -- centre seeding ---------------------------------------------------------------------------
+SEEDED_CENTRES = [name for name in ALGORITHMS if "init" in REGISTRY[name].Params.model_fields]
+
+
+@pytest.mark.parametrize("init", ["kmeans++", "random_clients"])
+@pytest.mark.parametrize("name", SEEDED_CENTRES)
+def test_overflowing_byzantine_rows_never_become_centres(name, init):
+    """threshold_clustering's robustness rule: a row whose squared norm overflows is
+    inadmissible, "so no NaN, Inf or overflowing Byzantine row can reach a centre".  The
+    centre seeding must respect it too (k-means++ documents that it never picks an
+    inadmissible row); 1e38 rows in float32 are such rows."""
+    assert SEEDED_CENTRES, "no algorithm with centre seeding registered"
+    for seed in range(6):
+        task = make_task(seed, dtype=torch.float32)
+        fed = make_federation(task, seed, attacks.ConstantValue(1e38))
+        algo = defenses.build(name, fed, {**options_for(name), "init": init})
+        for t in range(5):
+            record = algo.step(t)
+            assert record.centres is not None
+            squared = record.centres.pow(2).sum(-1)
+            assert torch.isfinite(squared).all(), (
+                f"{name} init={init} seed={seed} round={t}: a centre is an overflowing row"
+            )
+        # and the honest models stay at the scale of the task, far from 1e38 * lr
+        assert float(algo.client_models()[~fed.byzantine].abs().max()) < 1e6

@@ -1,0 +1,490 @@
+"""Property tests for Threshold-Clustering (Werner et al., Alg. 3, eq. 24; SPEC sections 1 and 4).
+
+Every test states an exact fact of eq. 24
+
+    v_{k,l} = (1/N) sum_j [ z_j if ||z_j - v_{k,l-1}|| <= tau_{k,l} else v_{k,l-1} ]
+
+that must hold on every instance, or compares the implementation with an independent
+NumPy transcription of that formula.  Points are drawn from a seeded torch generator
+(hypothesis chooses the seed and the sizes), in float64, so that no distance lands on
+a radius by accident.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from defenses.radius import CenterDistanceRadius, FixedRadius, QuantileRadius
+from defenses.threshold_clustering import threshold_clustering
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+F64 = torch.float64
+FAST = settings(max_examples=40, deadline=None)
+
+seeds = st.integers(0, 2**31 - 1)
+
+
+def random_problem(seed: int, n: int, d: int, k: int, spread: float = 3.0):
+    """Points: a mixture of up to 3 Gaussian groups (so balls hold several points);
+    centres: random points perturbed by noise.  Both float64."""
+    g = torch.Generator().manual_seed(seed)
+    groups = torch.randn(3, d, generator=g, dtype=F64) * spread
+    labels = torch.randint(0, 3, (n,), generator=g)
+    points = groups[labels] + torch.randn(n, d, generator=g, dtype=F64)
+    pick = torch.randint(0, n, (k,), generator=g)
+    centres = points[pick] + 0.5 * torch.randn(k, d, generator=g, dtype=F64)
+    return points, centres
+
+
+def policy_from(name: str, tau: float, q: float):
+    if name == "fixed":
+        return FixedRadius(tau)
+    if name == "quantile":
+        return QuantileRadius(q)
+    return CenterDistanceRadius(iterations=8)
+
+
+def reference_threshold_clustering(points, centres, radius_of, rounds):
+    """Independent transcription of eq. 24 in NumPy: average of the thresholded points
+    y_j = z_j if inside else v (the first form in SPEC section 1), one centre at a time."""
+    z = points.numpy()
+    v = centres.numpy().copy()
+    n = z.shape[0]
+    for _ in range(rounds):
+        new = v.copy()
+        for k in range(v.shape[0]):
+            dist = np.sqrt(((z - v[k]) ** 2).sum(axis=1))
+            tau = radius_of(dist)
+            ys = [z[j] if dist[j] <= tau else v[k] for j in range(n)]
+            new[k] = np.mean(ys, axis=0)
+        v = new
+    return v
+
+
+# --------------------------------------------------------------------------------------
+# Agreement with an independent transcription of eq. 24
+# --------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 10),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    rounds=st.integers(1, 6),
+    tau=st.floats(0.1, 6.0),
+    q=st.floats(0.0, 1.0),
+    name=st.sampled_from(["fixed", "quantile"]),
+)
+def test_matches_reference_transcription_of_eq24(seed, n, d, k, rounds, tau, q, name):
+    """Alg. 3 / eq. 24: the implementation equals a naive loop that averages the
+    thresholded points y_j (z_j inside the ball, else the current centre), with the
+    radius fixed or the linear q-quantile of the current distances (numpy.quantile)."""
+    points, centres = random_problem(seed, n, d, k)
+    result = threshold_clustering(points, centres, policy_from(name, tau, q), rounds)
+    radius_of = (lambda dist: tau) if name == "fixed" else (lambda dist: np.quantile(dist, q))
+    expected = reference_threshold_clustering(points, centres, radius_of, rounds)
+    np.testing.assert_allclose(result.centres.numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+# --------------------------------------------------------------------------------------
+# Exact facts of SPEC section 4
+# --------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 12),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    tau=st.floats(0.0, 8.0),
+    q=st.floats(0.0, 1.0),
+    name=st.sampled_from(["fixed", "quantile", "cd"]),
+)
+def test_one_step_moves_centre_at_most_inside_fraction_times_tau(seed, n, d, k, tau, q, name):
+    """SPEC sec. 4: one step moves each centre by at most (#inside/N) * tau, because
+    v_1 - v_0 = (1/N) sum_{inside} (z_j - v_0) and every inside term has norm <= tau.
+    Checked for every radius policy, with tau the radius the step actually used."""
+    points, centres = random_problem(seed, n, d, k)
+    result = threshold_clustering(points, centres, policy_from(name, tau, q), rounds=1)
+    moved = torch.linalg.vector_norm(result.centres - centres, dim=-1)
+    count = result.inside.sum(-1).to(F64)
+    bound = count / n * result.radius
+    assert torch.all(moved <= bound * (1 + 1e-12) + 1e-12), (moved, bound)
+    # the step is exactly the eq. 24 update from the reported membership
+    step = (result.inside.to(F64) @ points - count.unsqueeze(-1) * centres) / n
+    torch.testing.assert_close(result.centres, centres + step, rtol=1e-12, atol=1e-12)
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 12),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    tau=st.floats(0.05, 6.0),
+    data=st.data(),
+)
+def test_replacing_beta_n_points_moves_one_step_by_at_most_2_beta_tau(seed, n, d, k, tau, data):
+    """SPEC sec. 4 (robustness of Alg. 3): replacing any m = beta*N points by arbitrary
+    finite points changes one step's output (fixed radius, same initial centres) by at
+    most 2*beta*tau: each replaced point's contribution (z_j - v_0) 1[inside] has norm
+    <= tau before and after.  Replacements include points placed just inside the ball's
+    edge (the worst case), far points and huge finite points."""
+    points, centres = random_problem(seed, n, d, k)
+    m = data.draw(st.integers(0, n), label="m")
+    chosen = data.draw(st.permutations(range(n)), label="order")[:m]
+    mode = data.draw(st.sampled_from(["edge", "random", "huge"]), label="mode")
+    g = torch.Generator().manual_seed(seed + 1)
+    replaced = points.clone()
+    for j in chosen:
+        if mode == "edge":
+            u = torch.randn(d, generator=g, dtype=F64)
+            u = u / torch.linalg.vector_norm(u)
+            replaced[j] = centres[j % k] + tau * (1 - 1e-9) * u
+        elif mode == "random":
+            replaced[j] = 10 * torch.randn(d, generator=g, dtype=F64)
+        else:
+            replaced[j] = torch.full((d,), 1e150, dtype=F64)
+    before = threshold_clustering(points, centres, tau, rounds=1).centres
+    after = threshold_clustering(replaced, centres, tau, rounds=1).centres
+    change = torch.linalg.vector_norm(after - before, dim=-1)
+    beta = m / n
+    assert torch.all(change <= 2 * beta * tau * (1 + 1e-12) + 1e-12), (change, 2 * beta * tau)
+
+
+def test_replacement_bound_2_beta_tau_is_attained():
+    """SPEC sec. 4: the 2*beta*tau bound is tight.  1-D, v_0 = 0, tau = 1: two of N = 4
+    points at -1 (inside, on the edge) are replaced by +1 (inside, opposite edge).
+    Hand computation (the two points at 5 are outside and contribute v_0 = 0):
+    before v_1 = (1/4)(-1 - 1) = -0.5; after v_1 = (1/4)(1 + 1) = 0.5; the change is
+    1 = 2 * (2/4) * 1 = 2 * beta * tau."""
+    points = torch.tensor([[-1.0], [-1.0], [5.0], [5.0]], dtype=F64)
+    replaced = torch.tensor([[1.0], [1.0], [5.0], [5.0]], dtype=F64)
+    centre = torch.zeros(1, 1, dtype=F64)
+    before = threshold_clustering(points, centre, 1.0, rounds=1).centres
+    after = threshold_clustering(replaced, centre, 1.0, rounds=1).centres
+    assert before.item() == -0.5
+    assert after.item() == 0.5
+    assert (after - before).abs().item() == 2 * (2 / 4) * 1.0
+
+
+def separated_clusters(seed: int, sizes: list[int], d: int, r: float = 1.0, gap: float = 100.0):
+    """Clusters whose points lie within distance r of their cluster's anchor; anchors
+    are pairwise at least `gap` apart (placed on a line along a random direction)."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(d, generator=g, dtype=F64)
+    u = u / torch.linalg.vector_norm(u)
+    anchors = torch.stack([i * gap * u for i in range(len(sizes))])
+    blocks, labels = [], []
+    for i, size in enumerate(sizes):
+        noise = torch.randn(size, d, generator=g, dtype=F64)
+        norms = torch.linalg.vector_norm(noise, dim=-1, keepdim=True).clamp_min(1e-12)
+        radii = r * torch.rand(size, 1, generator=g, dtype=F64)
+        blocks.append(anchors[i] + noise / norms * radii)
+        labels += [i] * size
+    order = torch.randperm(sum(sizes), generator=g)
+    points = torch.cat(blocks)[order]
+    labels = torch.tensor(labels)[order]
+    return points, labels, anchors, g
+
+
+@FAST
+@given(
+    seed=seeds,
+    sizes=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    d=st.integers(1, 4),
+    rounds=st.integers(1, 6),
+    method=st.sampled_from(["direct", "gram"]),
+)
+def test_ball_holding_exactly_one_cluster_contracts_by_one_minus_delta(seed, sizes, d, rounds, method):
+    """SPEC sec. 4 / proof of Thm 3.1: if centre k's ball holds exactly cluster k's
+    points in every round, then v_l - mean_k = (1 - delta_k)(v_{l-1} - mean_k) with
+    delta_k = n_k/N.  Construction: cluster points within r = 1 of an anchor, anchors
+    100 apart, initial centre within s = 2 of its anchor, tau = 5.5 >= 2r + (s + r)
+    (every point of the cluster stays inside since ||v_l - mean|| only shrinks) and far
+    below the distance to any other cluster.  Compared: outputs with rounds = l and
+    rounds = l - 1, one centre per cluster (the centres are updated independently)."""
+    points, labels, anchors, g = separated_clusters(seed, sizes, d)
+    offsets = torch.randn(len(sizes), d, generator=g, dtype=F64)
+    offsets = offsets / torch.linalg.vector_norm(offsets, dim=-1, keepdim=True) * 2.0 * torch.rand(
+        len(sizes), 1, generator=g, dtype=F64
+    )
+    centres = anchors + offsets
+    n = points.shape[0]
+    means = torch.stack([points[labels == i].mean(0) for i in range(len(sizes))])
+    delta = torch.tensor(sizes, dtype=F64) / n
+    tol = 1e-9 if method == "gram" else 1e-11
+    previous = threshold_clustering(points, centres, 5.5, 0, method=method).centres
+    torch.testing.assert_close(previous, centres, rtol=0, atol=tol)
+    for l in range(1, rounds + 1):
+        result = threshold_clustering(points, centres, 5.5, l, method=method)
+        membership = labels.unsqueeze(0) == torch.arange(len(sizes)).unsqueeze(1)
+        assert torch.equal(result.inside, membership)
+        expected = means + (1 - delta).unsqueeze(-1) * (previous - means)
+        torch.testing.assert_close(result.centres, expected, rtol=0, atol=tol)
+        closed_form = means + ((1 - delta) ** l).unsqueeze(-1) * (centres - means)
+        torch.testing.assert_close(result.centres, closed_form, rtol=0, atol=tol)
+        previous = result.centres
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=seeds,
+    honest=st.integers(2, 6),
+    others=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+    d=st.integers(1, 3),
+    data=st.data(),
+)
+def test_attacker_at_ball_edge_converges_to_mean_plus_beta_over_delta_tau_u(seed, honest, others, d, data):
+    """SPEC sec. 4: beta*N Byzantine points re-placed every round at v + tau*u (on the
+    ball's edge, so inside with <=) pull the centre to the fixed point
+    v* = mean_i + (beta/delta) tau u, geometrically: v_l - v* = (1 - delta)(v_{l-1} - v*).
+    (From eq. 24: v_l = v_{l-1} + (1/N)[n_i (mean_i - v_{l-1}) + beta N tau u].)
+    Honest cluster i: points within r = 1 of an anchor, initial centre within r of it,
+    tau >= max(3r, 2r/(1 - beta/delta)) so they stay inside; other clusters 100 away.
+    The attacker uses radius tau*(1 - 1e-9) so that rounding of v + tau u - v cannot
+    push it out; the fixed point uses that same length."""
+    byzantine = data.draw(st.integers(1, honest - 1), label="byzantine")
+    points, labels, anchors, g = separated_clusters(seed, [honest, *others], d)
+    n = points.shape[0] + byzantine
+    delta, beta = honest / n, byzantine / n
+    ratio = beta / delta
+    tau = 1.25 * max(3.0, 2.0 / (1 - ratio))
+    u = torch.randn(d, generator=g, dtype=F64)
+    u = u / torch.linalg.vector_norm(u)
+    reach = tau * (1 - 1e-9)
+    mean = points[labels == 0].mean(0)
+    fixed_point = mean + ratio * reach * u
+    centre = (anchors[0] + 0.5 * torch.randn(d, generator=g, dtype=F64).clamp(-1, 1) / math.sqrt(d)).unsqueeze(0)
+    start_gap = torch.linalg.vector_norm(centre[0] - fixed_point)
+    rounds = math.ceil(math.log(1e-13) / math.log(1 - delta))
+    for _ in range(rounds):
+        attack = (centre[0] + reach * u).expand(byzantine, d)
+        result = threshold_clustering(torch.cat([points, attack]), centre, tau, rounds=1)
+        expected_inside = torch.cat([labels == 0, torch.ones(byzantine, dtype=torch.bool)])
+        assert torch.equal(result.inside[0], expected_inside)
+        expected = fixed_point + (1 - delta) * (centre[0] - fixed_point)
+        torch.testing.assert_close(result.centres[0], expected, rtol=0, atol=1e-11)
+        centre = result.centres
+    gap = torch.linalg.vector_norm(centre[0] - fixed_point)
+    assert gap <= 1e-13 * start_gap + 1e-10
+
+
+# --------------------------------------------------------------------------------------
+# Batching and the two evaluation methods
+# --------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    seed=seeds,
+    b=st.integers(1, 4),
+    n=st.integers(1, 8),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    rounds=st.integers(0, 5),
+    tau=st.floats(0.1, 6.0),
+    q=st.floats(0.0, 1.0),
+    name=st.sampled_from(["fixed", "quantile", "cd"]),
+    method=st.sampled_from(["direct", "gram"]),
+)
+def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method):
+    """Alg. 3 applied to B independent problems at once ([B, N, d], as FC does with one
+    problem per client) gives each problem's own result."""
+    problems = [random_problem(seed + i, n, d, k) for i in range(b)]
+    points = torch.stack([p for p, _ in problems])
+    centres = torch.stack([c for _, c in problems])
+    policy = policy_from(name, tau, q)
+    batched = threshold_clustering(points, centres, policy, rounds, method=method)
+    assert batched.centres.shape == (b, k, d) and batched.inside.shape == (b, k, n)
+    assert batched.radius.shape == (b, k)
+    for i, (p, c) in enumerate(problems):
+        single = threshold_clustering(p, c, policy, rounds, method=method)
+        torch.testing.assert_close(batched.centres[i], single.centres, rtol=1e-12, atol=1e-12)
+        assert torch.equal(batched.inside[i], single.inside)
+        torch.testing.assert_close(batched.radius[i], single.radius, rtol=1e-12, atol=1e-12)
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 12),
+    d=st.integers(1, 6),
+    k=st.integers(1, 3),
+    rounds=st.integers(0, 8),
+    tau=st.floats(0.1, 6.0),
+    q=st.floats(0.0, 1.0),
+    name=st.sampled_from(["fixed", "quantile", "cd"]),
+)
+def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
+    """The Gram-matrix evaluation (centres kept as combinations of the points) is the
+    same eq. 24 as the direct one: equal centres (to rounding), memberships and radii."""
+    points, centres = random_problem(seed, n, d, k)
+    policy = policy_from(name, tau, q)
+    direct = threshold_clustering(points, centres, policy, rounds, method="direct")
+    gram = threshold_clustering(points, centres, policy, rounds, method="gram")
+    torch.testing.assert_close(gram.centres, direct.centres, rtol=1e-8, atol=1e-8)
+    assert torch.equal(gram.inside, direct.inside)
+    torch.testing.assert_close(gram.radius, direct.radius, rtol=1e-8, atol=1e-8)
+
+
+# --------------------------------------------------------------------------------------
+# Edge cases: rounds = 0, inadmissible rows, no mutation, strict inclusion
+# --------------------------------------------------------------------------------------
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 8),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    method=st.sampled_from(["direct", "gram"]),
+)
+def test_zero_rounds_returns_initial_centres(seed, n, d, k, method):
+    """Alg. 3 with M = 0 rounds outputs v_{k,0}: the initial centres, unchanged."""
+    points, centres = random_problem(seed, n, d, k)
+    result = threshold_clustering(points, centres, 1.0, rounds=0, method=method)
+    torch.testing.assert_close(result.centres, centres, rtol=0, atol=0 if method == "direct" else 1e-12)
+    assert not result.inside.any()
+
+
+BAD_ROWS = {
+    torch.float64: [math.nan, math.inf, -math.inf, 1e300],
+    torch.float32: [math.nan, math.inf, -math.inf, 1e38],
+}
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 8),
+    d=st.integers(1, 4),
+    k=st.integers(1, 3),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+    name=st.sampled_from(["fixed", "quantile", "cd"]),
+    method=st.sampled_from(["direct", "gram"]),
+    data=st.data(),
+)
+def test_non_finite_rows_are_never_inside_and_centres_stay_finite(seed, n, d, k, dtype, name, method, data):
+    """Robustness rule (module docstring; a Byzantine row may be anything): a row with
+    a NaN/Inf coordinate, or whose squared norm overflows (1e38 in float32, 1e300 in
+    float64), is never inside any ball, the centres stay finite, and the inputs are not
+    mutated.  With a fixed radius, such rows act exactly like far-away points."""
+    points, centres = random_problem(seed, n, d, k)
+    points, centres = points.to(dtype), centres.to(dtype)
+    bad = data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True), label="bad rows")
+    values = data.draw(st.lists(st.sampled_from(BAD_ROWS[dtype]), min_size=len(bad), max_size=len(bad)))
+    whole_row = data.draw(st.booleans(), label="whole row")
+    corrupted = points.clone()
+    for row, value in zip(bad, values):
+        if whole_row or value == BAD_ROWS[dtype][-1]:
+            corrupted[row] = value
+        else:
+            corrupted[row, 0] = value
+    points_copy, centres_copy = corrupted.clone(), centres.clone()
+    policy = policy_from(name, 2.0, 0.5)
+    result = threshold_clustering(corrupted, centres, policy, rounds=5, method=method)
+    assert not result.inside[:, bad].any()
+    assert torch.isfinite(result.centres).all()
+    torch.testing.assert_close(corrupted, points_copy, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(centres, centres_copy)
+    if name == "fixed":
+        far = corrupted.clone()
+        far[bad] = 1e6
+        reference = threshold_clustering(far, centres, policy, rounds=5, method=method)
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        torch.testing.assert_close(result.centres, reference.centres, rtol=tol, atol=tol)
+        assert torch.equal(result.inside, reference.inside)
+
+
+def test_strict_and_non_strict_inclusion_at_distance_exactly_tau():
+    """eq. 24 uses ||z - v|| <= tau: a point at distance exactly tau is inside; with
+    strict inclusion (the official code's '<') it is not.  Hand computation (1-D, N = 2,
+    v_0 = 0, tau = 1, z = {1, 3}): non-strict v_1 = (1 + 0)/2 = 0.5; strict v_1 = 0."""
+    points = torch.tensor([[1.0], [3.0]], dtype=F64)
+    centre = torch.zeros(1, 1, dtype=F64)
+    loose = threshold_clustering(points, centre, FixedRadius(1.0), rounds=1)
+    strict = threshold_clustering(points, centre, FixedRadius(1.0, strict=True), rounds=1)
+    assert loose.inside.tolist() == [[True, False]] and loose.centres.item() == 0.5
+    assert strict.inside.tolist() == [[False, False]] and strict.centres.item() == 0.0
+    # quantile radius: the 0-quantile of {1, 3} is 1, the distance of the first point
+    q_loose = threshold_clustering(points, centre, QuantileRadius(0.0), rounds=1)
+    q_strict = threshold_clustering(points, centre, QuantileRadius(0.0, strict=True), rounds=1)
+    assert q_loose.centres.item() == 0.5 and q_strict.centres.item() == 0.0
+    for method in ("direct", "gram"):
+        assert threshold_clustering(points, centre, 1.0, 1, method=method).inside.tolist() == [[True, False]]
+
+
+def test_thresholding_can_increase_variance_counterexample():
+    """SPEC sec. 4: the proof of Thm 3.1 claims Var(y) <= Var(z) for the thresholded
+    points y = z if ||z - v|| <= tau else v.  False: z = v + tau e or v + (tau + eps) e
+    with probability 1/2 each gives Var z = eps^2/4 but Var y = tau^2/4.  Here v = 0,
+    tau = 1, eps = 1/4: Var z = 1/64, Var y = 1/4 (exact in binary floating point)."""
+    tau, eps = 1.0, 0.25
+    z = torch.tensor([[tau], [tau + eps]], dtype=F64)
+    v = torch.zeros(1, 1, dtype=F64)
+    result = threshold_clustering(z, v, tau, rounds=1)
+    assert result.inside.tolist() == [[True, False]]
+    y = torch.where(result.inside[0].unsqueeze(-1), z, v)
+    var_z = z.var(dim=0, unbiased=False).item()
+    var_y = y.var(dim=0, unbiased=False).item()
+    assert var_z == eps**2 / 4 == 1 / 64
+    assert var_y == tau**2 / 4 == 1 / 4
+    assert var_y > var_z  # the proof's claim Var(y) <= Var(z) fails
+    # and the output of one step is the mean of the thresholded points (eq. 24)
+    assert result.centres.item() == y.mean().item() == 0.5
+
+
+def test_invalid_arguments_raise_value_error():
+    """Argument validation: negative rounds, unknown method and mismatched shapes are
+    rejected with ValueError."""
+    points = torch.zeros(3, 2, dtype=F64)
+    centres = torch.zeros(1, 2, dtype=F64)
+    with pytest.raises(ValueError, match="rounds"):
+        threshold_clustering(points, centres, 1.0, rounds=-1)
+    with pytest.raises(ValueError, match="method"):
+        threshold_clustering(points, centres, 1.0, method="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="dimension"):
+        threshold_clustering(points, torch.zeros(1, 3, dtype=F64), 1.0)
+    with pytest.raises(ValueError):
+        threshold_clustering(points, torch.zeros(2, 1, 2, dtype=F64), 1.0)
+
+
+@FAST
+@given(
+    seed=seeds,
+    n=st.integers(1, 8),
+    d=st.integers(1, 4),
+    k=st.integers(2, 4),
+    name=st.sampled_from(["fixed", "quantile", "cd"]),
+    method=st.sampled_from(["direct", "gram"]),
+    data=st.data(),
+)
+def test_non_finite_initial_centre_is_returned_unchanged_and_captures_nothing(seed, n, d, k, name, method, data):
+    """Documented contract (threshold_clustering docstring): a non-finite initial centre
+    (a diverged client) is returned unchanged and captures no point, and the other
+    centres are computed exactly as if it were absent (centres are independent, eq. 24)."""
+    points, centres = random_problem(seed, n, d, k)
+    dead = data.draw(st.lists(st.integers(0, k - 1), min_size=1, max_size=k - 1, unique=True), label="dead")
+    value = data.draw(st.sampled_from([math.nan, math.inf, -math.inf, 1e300]), label="value")
+    broken = centres.clone()
+    broken[dead] = value
+    policy = policy_from(name, 2.0, 0.5)
+    result = threshold_clustering(points, broken, policy, rounds=2, method=method)
+    torch.testing.assert_close(result.centres[dead], broken[dead], rtol=0, atol=0, equal_nan=True)
+    assert not result.inside[dead].any()
+    alive = [i for i in range(k) if i not in dead]
+    reference = threshold_clustering(points, centres[alive], policy, rounds=2, method=method)
+    torch.testing.assert_close(result.centres[alive], reference.centres, rtol=1e-12, atol=1e-12)
+    assert torch.equal(result.inside[alive], reference.inside)
