@@ -12,6 +12,11 @@ from attacks.base import register
 from robust_pfl.types import AttackContext
 
 
+def _require_number(attack: str, field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{attack}.{field} must be a number, got {value!r}")
+
+
 def _byzantine_shape(messages: Tensor, context: AttackContext) -> tuple[int, ...]:
     return (*messages.shape[:-2], int(context.byzantine.sum()), messages.shape[-1])
 
@@ -28,6 +33,8 @@ class LargeGradient:
     std: float = 200.0
 
     def __post_init__(self) -> None:
+        _require_number(self.name, "mean", self.mean)
+        _require_number(self.name, "std", self.std)
         if not (self.std >= 0 and math.isfinite(self.std)):
             raise ValueError(f"large_gradient std must be finite and >= 0, got {self.std}")
 
@@ -48,6 +55,9 @@ class ConstantValue:
     name = "constant"
     summary = "every Byzantine coordinate equal to one value (nan, inf, 1e38, ...)"
     value: float = math.nan
+
+    def __post_init__(self) -> None:
+        _require_number(self.name, "value", self.value)
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return messages.new_full(_byzantine_shape(messages, context), self.value)

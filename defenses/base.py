@@ -27,7 +27,7 @@ class AlgorithmParams(BaseModel):
     """Parameters shared by all algorithms: learning rate and heavy-ball momentum on
     the applied update (the official code uses 0.9: ``m = mu m + v; x -= lr m``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     lr: float = Field(0.01, gt=0, description="learning rate eta")
     heavy_ball: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum on the update")
@@ -76,17 +76,21 @@ class HeavyBall:
         self.skipped = 0
 
     def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
-        """Update ``params`` in place with ``update`` on ``rows`` (all rows if None)."""
-        finite = torch.isfinite(update).all(dim=-1)
-        self.skipped += int((~finite).sum())
-        update = torch.where(finite.unsqueeze(-1), update, torch.zeros_like(update))
-        if rows is None:
-            self.buffer.mul_(self.momentum).add_(update)
-            params.sub_(self.lr * self.buffer)
-        else:
-            buffer = self.buffer[rows].mul_(self.momentum).add_(update)
-            self.buffer[rows] = buffer
-            params[rows] -= self.lr * buffer
+        """Update ``params`` in place with ``update`` on ``rows`` (all rows if None).
+
+        A row is committed only if its update, its new momentum buffer and its new
+        parameters are all finite (a finite but huge update can still overflow);
+        otherwise that row keeps its parameters and buffer and counts as skipped.
+        """
+        index = slice(None) if rows is None else rows
+        finite_update = torch.isfinite(update).all(dim=-1, keepdim=True)
+        update = torch.where(finite_update, update, torch.zeros_like(update))
+        buffer = self.buffer[index] * self.momentum + update
+        moved = params[index] - self.lr * buffer
+        ok = finite_update & torch.isfinite(buffer).all(-1, keepdim=True) & torch.isfinite(moved).all(-1, keepdim=True)
+        self.skipped += int((~ok).sum())
+        self.buffer[index] = torch.where(ok, buffer, self.buffer[index])
+        params[index] = torch.where(ok, moved, params[index])
 
 
 REGISTRY: dict[str, type[Algorithm]] = {}

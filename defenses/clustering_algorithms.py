@@ -13,7 +13,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
 from defenses.kmeans_init import kmeans_plus_plus
 from defenses.radius import make_radius
-from defenses.threshold_clustering import nearest_centre, threshold_clustering
+from defenses.threshold_clustering import admissible_points, nearest_centre, threshold_clustering
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -146,8 +146,13 @@ class _ServerClustering(Algorithm):
     def _initial_centres(self, received: Tensor) -> Tensor:
         if self.params.init == "kmeans++":
             return kmeans_plus_plus(received, self.k, self._init_rng)
-        pick = torch.randperm(received.shape[0], generator=self._init_rng)[: self.k]
-        return torch.nan_to_num(received[pick.to(received.device)], nan=0.0, posinf=0.0, neginf=0.0)
+        pool = received[admissible_points(received)]
+        if pool.shape[0] == 0:
+            return received.new_zeros(self.k, received.shape[-1])
+        pick = torch.randint(pool.shape[0], (self.k,), generator=self._init_rng, device=self._init_rng.device)
+        if pool.shape[0] >= self.k:
+            pick = torch.randperm(pool.shape[0], generator=self._init_rng, device=self._init_rng.device)[: self.k]
+        return pool[pick.to(pool.device)]
 
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> tuple[Tensor, Tensor]:
         fed = self.federation

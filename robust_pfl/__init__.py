@@ -8,7 +8,14 @@ root (:mod:`robust_pfl.cli`, :mod:`robust_pfl.experiments`) wires them together.
 
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.federation import Federation
-from robust_pfl.objectives import DenseNetwork, Objective, ScalarFunctions
+from robust_pfl.objectives import (
+    DenseNetwork,
+    Objective,
+    ScalarFunctions,
+    linear_regression,
+    logistic_regression,
+    mlp,
+)
 from robust_pfl.types import Attack, AttackContext, RoundRecord
 
 __version__ = "0.1.0"
@@ -20,6 +27,9 @@ __all__ = [
     "Objective",
     "DenseNetwork",
     "ScalarFunctions",
+    "linear_regression",
+    "logistic_regression",
+    "mlp",
     "Attack",
     "AttackContext",
     "RoundRecord",

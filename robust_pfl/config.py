@@ -21,7 +21,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: TOML types are exact, so `rounds = true` must not be read as 1
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SyntheticTaskConfig(_Strict):
@@ -86,6 +87,13 @@ class ExperimentConfig(_Strict):
     byzantine: ByzantineConfig = Field(default_factory=ByzantineConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     methods: list[MethodConfig] = Field(min_length=1)
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds must be distinct, got {value}")
+        return value
 
     @field_validator("device")
     @classmethod

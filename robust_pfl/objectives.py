@@ -324,3 +324,24 @@ class ScalarFunctions(Objective):
 
     def init(self, count: int, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
         return torch.zeros(count, 1, dtype=dtype)
+
+
+def linear_regression(in_features: int, bias: bool = False) -> DenseNetwork:
+    """Least squares ``0.5 * mean (a^T x - y)^2`` (Werner et al. Sec. 4.1)."""
+    return DenseNetwork(in_features, 1, hidden=(), loss="mse", bias=bias)
+
+
+def logistic_regression(in_features: int, classes: int) -> DenseNetwork:
+    """Multinomial logistic regression (softmax cross-entropy)."""
+    return DenseNetwork(in_features, classes, hidden=(), loss="cross_entropy")
+
+
+def mlp(
+    in_features: int = 784,
+    hidden: Sequence[int] = (200,),
+    classes: int = 10,
+    softmax_nll: bool = False,
+) -> DenseNetwork:
+    """ReLU MLP; the defaults are the 784-200-10 network of Werner et al.'s MNIST
+    experiments.  ``softmax_nll=True`` reproduces the official code's loss ``-p_y``."""
+    return DenseNetwork(in_features, classes, hidden, "softmax_nll" if softmax_nll else "cross_entropy")

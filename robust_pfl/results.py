@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -80,8 +81,22 @@ def write_history(rows: Iterable[dict[str, Any]], path: Path) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
+def _json_safe(value: Any) -> Any:
+    """Standard JSON has no Infinity/NaN: write them as the strings "inf", "-inf",
+    "nan" (a diverged baseline legitimately reports an infinite loss)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    """``summary.json``, strict JSON (non-finite numbers as strings)."""
+    text = json.dumps(_json_safe(summary), indent=2, sort_keys=True, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def write_results(table: ResultTable, out_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 
 from robust_pfl.data import ClientData
-from robust_pfl.objectives import DenseNetwork
+from robust_pfl.objectives import linear_regression
 from robust_pfl.seeding import generator
 from robust_pfl.tasks.base import Task, place_clients
 
@@ -58,7 +58,7 @@ class SyntheticLinearRegression:
             y = y + self.noise * torch.randn(y.shape, generator=g, dtype=torch.float64)
             return ClientData(a.to(dtype), y.to(dtype))
 
-        objective = DenseNetwork(self.dim, 1, hidden=(), loss="mse", bias=False)
+        objective = linear_regression(self.dim)
         return Task(
             objective=objective,
             train=draw(self.samples_per_client),
