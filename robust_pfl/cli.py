@@ -32,6 +32,10 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="robust-pfl", description=__doc__)
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch CPU threads (default: torch's choice; 1 is fastest for small models)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one experiment from a TOML config")
     run.add_argument("config", help="path to the TOML config")
@@ -48,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            print("error: --threads must be >= 1", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
     try:
         return args.handler(args)
     except ConfigError as error:

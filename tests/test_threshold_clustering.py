@@ -13,11 +13,12 @@ a radius by accident.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from defenses.radius import CenterDistanceRadius, FixedRadius, QuantileRadius
@@ -49,6 +50,30 @@ def policy_from(name: str, tau: float, q: float):
     if name == "quantile":
         return QuantileRadius(q)
     return CenterDistanceRadius(iterations=8)
+
+
+def avoid_rounding_ties(name: str, q: float, n: int) -> None:
+    """Discard quantile levels whose interpolation weight is within 1e-6 of 0 or 1
+    without being 0: there tau lies within rounding of an order statistic (e.g. q =
+    1 - 2**-53 puts tau an ulp below the largest distance), and whether that point is
+    inside depends on the last bit, not on eq. 24."""
+    if name == "quantile":
+        position = q * (n - 1)
+        frac = position - math.floor(position)
+        assume(frac == 0 or 1e-6 < frac < 1 - 1e-6)
+
+
+def linear_quantile(values: np.ndarray, q: float) -> float:
+    """The q-quantile with linear interpolation between order statistics (NumPy's
+    default method), with the position q(n - 1) computed exactly (Fraction), so that an
+    integer position selects the order statistic itself."""
+    ordered = np.sort(values)
+    position = Fraction(q) * (len(ordered) - 1)
+    lo = math.floor(position)
+    frac = position - lo
+    if frac == 0:
+        return float(ordered[lo])
+    return float(ordered[lo] + float(frac) * (ordered[lo + 1] - ordered[lo]))
 
 
 def reference_threshold_clustering(points, centres, radius_of, rounds):
@@ -87,10 +112,12 @@ def reference_threshold_clustering(points, centres, radius_of, rounds):
 def test_matches_reference_transcription_of_eq24(seed, n, d, k, rounds, tau, q, name):
     """Alg. 3 / eq. 24: the implementation equals a naive loop that averages the
     thresholded points y_j (z_j inside the ball, else the current centre), with the
-    radius fixed or the linear q-quantile of the current distances (numpy.quantile)."""
+    radius fixed or the linear q-quantile of the current distances (NumPy's default
+    interpolation, written out)."""
+    avoid_rounding_ties(name, q, n)
     points, centres = random_problem(seed, n, d, k)
     result = threshold_clustering(points, centres, policy_from(name, tau, q), rounds)
-    radius_of = (lambda dist: tau) if name == "fixed" else (lambda dist: np.quantile(dist, q))
+    radius_of = (lambda dist: tau) if name == "fixed" else (lambda dist: linear_quantile(dist, q))
     expected = reference_threshold_clustering(points, centres, radius_of, rounds)
     np.testing.assert_allclose(result.centres.numpy(), expected, rtol=1e-10, atol=1e-10)
 
@@ -301,6 +328,7 @@ def test_attacker_at_ball_edge_converges_to_mean_plus_beta_over_delta_tau_u(seed
 def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method):
     """Alg. 3 applied to B independent problems at once ([B, N, d], as FC does with one
     problem per client) gives each problem's own result."""
+    avoid_rounding_ties(name, q, n)
     problems = [random_problem(seed + i, n, d, k) for i in range(b)]
     points = torch.stack([p for p, _ in problems])
     centres = torch.stack([c for _, c in problems])
@@ -329,6 +357,7 @@ def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method
 def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
     """The Gram-matrix evaluation (centres kept as combinations of the points) is the
     same eq. 24 as the direct one: equal centres (to rounding), memberships and radii."""
+    avoid_rounding_ties(name, q, n)
     points, centres = random_problem(seed, n, d, k)
     policy = policy_from(name, tau, q)
     direct = threshold_clustering(points, centres, policy, rounds, method="direct")

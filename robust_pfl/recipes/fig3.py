@@ -88,9 +88,16 @@ def _final(table: ResultTable, metric: str) -> float:
     return value if math.isfinite(value) else math.inf
 
 
-def run(out: Path, quick: bool = False, seeds: int | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Run the grid, select on validation loss, write results and the plot."""
-    mode = QUICK if quick else FULL
+def run(
+    out: Path,
+    quick: bool = False,
+    seeds: int | None = None,
+    progress: bool | None = None,
+    mode: Mode | None = None,
+) -> dict[str, Any]:
+    """Run the grid, select on validation loss, write results and the plot.
+    ``mode`` overrides the full/quick presets (rounds, grid, seeds)."""
+    mode = mode or (QUICK if quick else FULL)
     seed_list = list(range(seeds if seeds is not None else mode.seeds))
     history = ResultTable()
     summary: dict[str, Any] = {"mode": "quick" if quick else "full", "rounds": mode.rounds, "seeds": seed_list, "settings": {}}
