@@ -118,7 +118,7 @@ class CenterDistanceRadius:
         weight = finite.to(distances.dtype)
         big = torch.where(finite, distances, torch.full_like(distances, -math.inf))
         small = torch.where(finite, distances, torch.full_like(distances, math.inf))
-        lowest, highest = small.min(-1).values, big.max(-1).values
+        lowest, highest = small.amin(-1), big.amax(-1)
         middle = quantile_with_inf(distances, 0.5)
         centres = torch.stack([lowest, torch.minimum(middle, highest), highest], dim=-1)
         centres = torch.where(torch.isfinite(centres), centres, torch.zeros_like(centres))
