@@ -50,6 +50,16 @@ def test_tiny_run_writes_tidy_results(tmp_path):
     }
 
 
+def test_rounds_to_reach_is_first_hit():
+    from robust_pfl.results import ResultTable
+
+    table = ResultTable()
+    for round_index, value in [(0, 5.0), (10, 1e-3), (20, 1e-7), (30, 1e-9)]:
+        table.add("FC", 0, round_index, {"param_error": value, "test_loss": 0.0})
+    assert fig3.rounds_to_reach(table, 1e-6) == 20
+    assert fig3.rounds_to_reach(table, 1e-12) is None
+
+
 @pytest.mark.slow
 def test_full_reproduction_meets_the_papers_claims(tmp_path):
     """Full mode (800 rounds, 3 seeds, learning-rate grid): FC below Local and Global

@@ -82,6 +82,17 @@ def setting_config(clusters: int, per_cluster: int, mode: Mode, seeds: list[int]
     )
 
 
+TARGET_ERROR = 1e-6
+
+
+def rounds_to_reach(table: ResultTable, target: float = TARGET_ERROR) -> int | None:
+    """First evaluated round whose honest-mean ``param_error`` is <= ``target``
+    (``None`` if never): a convergence-speed comparison that stays meaningful when
+    two methods both end at float64 round-off."""
+    hits = [r["round"] for r in table.rows if r["metric"] == "param_error" and r["value"] <= target]
+    return min(hits) if hits else None
+
+
 def _final(table: ResultTable, metric: str) -> float:
     last = max((r for r in table.rows if r["metric"] == metric), key=lambda r: r["round"])
     value = last["value"]
@@ -136,6 +147,7 @@ def run(
                     "param_error": sum(per_seed) / len(per_seed),
                     "param_error_per_seed": per_seed,
                     "test_loss": sum(_final(t, "test_loss") for t in tables) / len(tables),
+                    "rounds_to_1e-6_per_seed": [rounds_to_reach(t) for t in tables],
                 }
     summary["seconds"] = round(time.perf_counter() - started, 1)
     summary["checks"] = acceptance_checks(summary["settings"])
