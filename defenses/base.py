@@ -83,14 +83,23 @@ class HeavyBall:
         otherwise that row keeps its parameters and buffer and counts as skipped.
         """
         index = slice(None) if rows is None else rows
-        finite_update = torch.isfinite(update).all(dim=-1, keepdim=True)
-        update = torch.where(finite_update, update, torch.zeros_like(update))
-        buffer = self.buffer[index] * self.momentum + update
+        buffer = torch.add(update, self.buffer[index], alpha=self.momentum)  # new tensor
         moved = params[index] - self.lr * buffer
-        ok = finite_update & torch.isfinite(buffer).all(-1, keepdim=True) & torch.isfinite(moved).all(-1, keepdim=True)
-        self.skipped += int((~ok).sum())
-        self.buffer[index] = torch.where(ok, buffer, self.buffer[index])
-        params[index] = torch.where(ok, moved, params[index])
+        ok = _finite_rows(update) & _finite_rows(buffer) & _finite_rows(moved)
+        if not bool(ok.all()):
+            ok = ok.unsqueeze(-1)
+            self.skipped += int((~ok).sum())
+            buffer = torch.where(ok, buffer, self.buffer[index])
+            moved = torch.where(ok, moved, params[index])
+        self.buffer[index] = buffer
+        params[index] = moved
+
+
+def _finite_rows(x: Tensor) -> Tensor:
+    """``[..., N]``: rows whose entries are all finite (min and max finite; NaN
+    propagates through both), without an ``[N, d]`` boolean temporary."""
+    low, high = torch.aminmax(x, dim=-1)
+    return torch.isfinite(low) & torch.isfinite(high)
 
 
 REGISTRY: dict[str, type[Algorithm]] = {}

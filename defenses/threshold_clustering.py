@@ -17,10 +17,10 @@ Two numerically different but mathematically equal evaluations:
 * ``method="direct"``: distances from the point coordinates, ``O(M K N d)`` memory
   passes; exact to rounding.
 * ``method="gram"``: every centre stays a linear combination of the points and the
-  initial centres, ``v = W P`` with ``P = [z; v_0]``; distances come from the Gram
-  matrix ``P P^T`` (one matrix product), and the coordinates are formed once at the
-  end.  Faster for large ``d`` and many rounds; loses precision when distances are
-  tiny relative to the points' norms.
+  initial centres; distances come from inner products, of which only the Gram
+  columns of points that were ever inside a ball are computed (lazily), and the
+  coordinates are formed once at the end.  Much faster for large ``d`` (FC on an
+  MLP); loses precision when distances are tiny relative to the points' norms.
 """
 
 from __future__ import annotations
@@ -48,11 +48,16 @@ class ClusteringResult:
     radius: Tensor
 
 
+def squared_norms(points: Tensor) -> Tensor:
+    """``||z_j||^2`` for every row, ``[..., N]``, by one batched self-dot (no ``[N, d]``
+    temporary).  NaN/Inf coordinates give NaN/Inf; an overflowing sum gives Inf."""
+    flat = points.reshape(-1, 1, points.shape[-1])
+    return torch.bmm(flat, flat.transpose(1, 2)).reshape(points.shape[:-1])
+
+
 def admissible_points(points: Tensor) -> Tensor:
     """``[..., N]`` mask of points with finite coordinates and finite squared norm."""
-    finite = torch.isfinite(points).all(dim=-1)
-    safe = torch.where(finite.unsqueeze(-1), points, torch.zeros_like(points))
-    return finite & torch.isfinite(safe.pow(2).sum(dim=-1))
+    return torch.isfinite(squared_norms(points))
 
 
 def threshold_clustering(
@@ -93,12 +98,18 @@ def threshold_clustering(
     v0 = centres.to(points.dtype) if batched else centres.to(points.dtype).unsqueeze(0)
     if z.shape[0] != v0.shape[0]:
         raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {v0.shape[0]}")
-    admissible = admissible_points(z)
-    clean = torch.where(admissible.unsqueeze(-1), z, torch.zeros_like(z))
+    norms = squared_norms(z)
+    admissible = torch.isfinite(norms)
+    clean = z
+    if not bool(admissible.all()):
+        clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
+        norms = torch.where(admissible, norms, 0.0)
     live = admissible_points(v0)  # [B, K]
     start = torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
-    run = _run_gram if method == "gram" else _run_direct
-    result = run(clean, start, admissible, policy, rounds)
+    if method == "gram":
+        result = _run_gram(clean, start, admissible, norms, policy, rounds)
+    else:
+        result = _run_direct(clean, start, admissible, policy, rounds)
     if not bool(live.all()):
         result = ClusteringResult(
             torch.where(live.unsqueeze(-1), result.centres, v0),
@@ -129,10 +140,7 @@ def _run_direct(
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
     for round_index in range(rounds):
-        distances = torch.stack(
-            [torch.linalg.vector_norm(z - v[:, k : k + 1], dim=-1) for k in range(v.shape[1])],
-            dim=1,
-        )
+        distances = torch.cdist(v, z, compute_mode="donot_use_mm_for_euclid_dist")
         distances = _mask_distances(distances, admissible)
         tau = policy(distances, round_index)
         inside = _inside(distances, tau, policy.strict)
@@ -143,36 +151,72 @@ def _run_direct(
 
 
 def _run_gram(
-    z: Tensor, v0: Tensor, admissible: Tensor, policy: RadiusPolicy, rounds: int
+    z: Tensor, v0: Tensor, admissible: Tensor, norms: Tensor, policy: RadiusPolicy, rounds: int
 ) -> ClusteringResult:
+    """Eq. 24 with every centre kept as ``v_k = c_k^T z + e_k^T V0``.
+
+    Distances need ``<z_j, v_k>`` for all ``j``, i.e. the Gram columns of the points
+    that carry weight; a point only gets weight once it is inside a ball.  Those
+    columns are computed lazily (one batched product for the newly needed ones), so
+    the cost is ``N * |ever inside| * d`` instead of ``N^2 d`` for the full Gram
+    matrix; coordinates are formed once at the end.
+    """
     batch, n, _ = z.shape
     k = v0.shape[1]
-    stacked = torch.cat([z, v0], dim=1)  # P = [z; v0], [B, N + K, d]
-    gram = torch.bmm(stacked, stacked.transpose(1, 2))
-    diag = gram.diagonal(dim1=1, dim2=2)[:, :n]  # ||z_j||^2
-    coef = torch.zeros(batch, k, n + k, dtype=z.dtype, device=z.device)
-    coef[:, :, n:] = torch.eye(k, dtype=z.dtype, device=z.device)
+    cross = torch.bmm(z, v0.transpose(1, 2))  # <z_j, v0_c>, [B, N, K]
+    v0_gram = torch.bmm(v0, v0.transpose(1, 2))  # [B, K, K]
+    columns = z.new_zeros(batch, n, n)  # <z_j, z_m>, filled for computed m only
+    computed = torch.zeros(batch, n, dtype=torch.bool, device=z.device)
+    coef_z = z.new_zeros(batch, k, n)
+    coef_v = torch.eye(k, dtype=z.dtype, device=z.device).expand(batch, k, k).clone()
     inside = torch.zeros(batch, k, n, dtype=torch.bool, device=z.device)
     tau = z.new_zeros(batch, k)
     for round_index in range(rounds):
-        g_coef = torch.bmm(coef, gram)  # <P_j, v_k>
-        v_norm = (g_coef * coef).sum(-1, keepdim=True)
-        squared = diag.unsqueeze(1) - 2 * g_coef[:, :, :n] + v_norm
+        _fill_columns(z, columns, computed, (coef_z != 0).any(dim=1))
+        z_dot_v = torch.bmm(columns, coef_z.transpose(1, 2)) + torch.bmm(cross, coef_v.transpose(1, 2))
+        v_norm = (
+            (coef_z * z_dot_v.transpose(1, 2)).sum(-1)
+            + (coef_v * torch.bmm(coef_z, cross)).sum(-1)
+            + (coef_v * torch.bmm(coef_v, v0_gram)).sum(-1)
+        )  # ||v_k||^2 = c^T <z, v> + e^T <V0, z> c + e^T <V0, V0> e
+        squared = norms.unsqueeze(1) - 2 * z_dot_v.transpose(1, 2) + v_norm.unsqueeze(-1)
         distances = _mask_distances(squared.clamp_min(0).sqrt(), admissible)
         tau = policy(distances, round_index)
         inside = _inside(distances, tau, policy.strict)
         weights = inside.to(z.dtype)
         count = weights.sum(-1, keepdim=True)
-        step = torch.nn.functional.pad(weights, (0, k)) - count * coef
-        coef = coef + step / n
-    return ClusteringResult(torch.bmm(coef, stacked), inside, tau)
+        coef_z = coef_z + (weights - count * coef_z) / n
+        coef_v = coef_v - count * coef_v / n
+    centres = torch.baddbmm(torch.bmm(coef_v, v0), coef_z, z)
+    return ClusteringResult(centres, inside, tau)
+
+
+def _fill_columns(z: Tensor, columns: Tensor, computed: Tensor, needed: Tensor) -> None:
+    """Compute the Gram columns ``<z_j, z_m>`` for every needed-but-missing ``m``.
+
+    One batched product for all problems; problems with fewer new columns are padded
+    by repeating one of their indices (recomputing a true column is harmless)."""
+    missing = needed & ~computed
+    counts = missing.sum(-1)
+    width = int(counts.max())
+    if width == 0:
+        return
+    # indices of missing columns first (stable), padded with each row's first index
+    order = torch.argsort((~missing).to(torch.int8), dim=-1, stable=True)[:, :width]
+    first = order[:, :1]
+    slot = torch.arange(width, device=z.device).unsqueeze(0)
+    index = torch.where(slot < counts.unsqueeze(-1), order, first)
+    rows = torch.gather(z, 1, index.unsqueeze(-1).expand(-1, -1, z.shape[-1]))  # [B, w, d]
+    values = torch.bmm(z, rows.transpose(1, 2))  # [B, N, w]
+    columns.scatter_(2, index.unsqueeze(1).expand(-1, z.shape[1], -1), values)
+    computed |= missing
 
 
 def nearest_centre(points: Tensor, centres: Tensor) -> Tensor:
     """Index of the nearest centre for each point (``[..., N]``); inadmissible points
     get centre 0.  The assignment rule of Alg. 4 (unstated in the paper)."""
     admissible = admissible_points(points)
-    clean = torch.where(admissible.unsqueeze(-1), points, torch.zeros_like(points))
+    clean = torch.where(admissible.unsqueeze(-1), points, 0.0)
     distances = torch.cdist(clean, centres.to(points.dtype), compute_mode="donot_use_mm_for_euclid_dist")
     distances = torch.where(torch.isnan(distances), torch.full_like(distances, math.inf), distances)
     return distances.argmin(dim=-1)

@@ -121,11 +121,14 @@ class Federation:
         receivers: Tensor | None = None,
         defense_state: Mapping[str, Any] | None = None,
         senders: Tensor | None = None,
+        inplace: bool = False,
     ) -> Tensor:
         """Messages ``[..., S, d]`` as the aggregator receives them: honest rows
         unchanged, Byzantine rows replaced by the attack's output.  ``senders`` lists
         the client index of each of the ``S`` rows (default: all N clients in order).
-        Without an attack, or without Byzantine senders, messages pass unchanged."""
+        Without an attack, or without Byzantine senders, messages pass unchanged.
+        ``inplace=True`` writes the Byzantine rows into ``messages`` itself (for a
+        caller-owned workspace: saves one full copy per call)."""
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
         cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
         if self.attack is None or not bool(byzantine.any()):
@@ -145,6 +148,6 @@ class Federation:
             raise ValueError(
                 f"attack returned shape {tuple(malicious.shape)}, expected {expected}"
             )
-        delivered = messages.clone()
+        delivered = messages if inplace else messages.clone()
         delivered[..., byzantine, :] = malicious.to(messages.dtype)
         return delivered

@@ -83,6 +83,11 @@ def setting_config(clusters: int, per_cluster: int, mode: Mode, seeds: list[int]
 
 
 TARGET_ERROR = 1e-6
+CONVERGED = 1e-12
+
+
+def _mean_rounds(values: list[int | None]) -> float:
+    return math.inf if any(v is None for v in values) else sum(values) / len(values)
 
 
 def rounds_to_reach(table: ResultTable, target: float = TARGET_ERROR) -> int | None:
@@ -166,7 +171,13 @@ def acceptance_checks(settings: dict[str, Any]) -> dict[str, bool]:
         checks[f"{key}: FC below Local"] = result["FC"]["param_error"] < result["Local"]["param_error"]
         checks[f"{key}: FC below Global"] = result["FC"]["param_error"] < result["Global"]["param_error"]
     n16 = settings["K=4,n=16"]
-    checks["K=4,n=16: FC within 25% of GT"] = n16["FC"]["param_error"] <= 1.25 * n16["GT"]["param_error"]
+    fc, gt = n16["FC"]["param_error"], n16["GT"]["param_error"]
+    # Both can end at float64 round-off (~1e-27 for ||x*||^2 ~ 5e4), where a ratio is
+    # noise: below CONVERGED the two count as equal.
+    checks["K=4,n=16: FC within 25% of GT (final error)"] = fc <= 1.25 * gt or max(fc, gt) <= CONVERGED
+    fc_rounds = _mean_rounds(n16["FC"]["rounds_to_1e-6_per_seed"])
+    gt_rounds = _mean_rounds(n16["GT"]["rounds_to_1e-6_per_seed"])
+    checks["K=4,n=16: FC within 25% of GT (rounds to 1e-6)"] = fc_rounds <= 1.25 * gt_rounds
     return checks
 
 
