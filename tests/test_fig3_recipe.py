@@ -36,6 +36,8 @@ def test_tiny_run_writes_tidy_results(tmp_path):
     assert set(history["method"]) == set(fig3.LABELS.values())
     assert set(history["seed"]) == {0, 1}
     assert (tmp_path / "fig3.png").stat().st_size > 0
+    table = (tmp_path / "fig3.md").read_text()
+    assert table.count("| K=") == 3 and "FC" in table
     saved = json.loads((tmp_path / "summary.json").read_text())
     for methods in saved["settings"].values():
         for result in methods.values():
@@ -59,6 +61,20 @@ def test_rounds_to_reach_is_first_hit():
         table.add("FC", 0, round_index, {"param_error": value, "test_loss": 0.0})
     assert fig3.rounds_to_reach(table, 1e-6) == 20
     assert fig3.rounds_to_reach(table, 1e-12) is None
+
+
+def test_selection_prefers_faster_convergence_and_rejects_divergence():
+    """Two runs ending at the same round-off value: the one that got there sooner scores
+    lower; a run with a non-finite validation loss is never chosen."""
+    from robust_pfl.results import ResultTable
+
+    fast, slow, diverged = ResultTable(), ResultTable(), ResultTable()
+    for round_index, (a, b, c) in enumerate([(1.0, 1.0, 1.0), (1e-20, 1e-3, float("inf")), (1e-26, 1e-26, 1.0)]):
+        fast.add("FC", 0, round_index, {"validation_loss": a})
+        slow.add("FC", 0, round_index, {"validation_loss": b})
+        diverged.add("FC", 0, round_index, {"validation_loss": c})
+    assert fig3.selection_score(fast) < fig3.selection_score(slow)
+    assert fig3.selection_score(diverged) == float("inf")
 
 
 @pytest.mark.slow
