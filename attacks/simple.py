@@ -39,11 +39,11 @@ class LargeGradient:
             raise ValueError(f"large_gradient std must be finite and >= 0, got {self.std}")
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        noise = torch.randn(
-            _byzantine_shape(messages, context), generator=context.generator,
-            device=context.generator.device, dtype=messages.dtype,
+        rows = torch.empty(
+            _byzantine_shape(messages, context), device=context.generator.device, dtype=messages.dtype
         )
-        return (noise * self.std + self.mean).to(messages.device)
+        rows.normal_(self.mean, self.std, generator=context.generator)  # in place: no temporaries
+        return rows.to(messages.device)
 
 
 @register

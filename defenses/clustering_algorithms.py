@@ -181,8 +181,9 @@ class _ServerClustering(Algorithm):
         self.centres = result.centres
         self.assignment = nearest_centre(received, self.centres)
         updates = self.centres[self.assignment]
-        honest = fed.honest.nonzero().squeeze(-1)
-        self.optimizer.apply(self.models, updates[honest], rows=honest)
+        # Every row is stepped: Byzantine clients' own models are never read, and
+        # gathering the honest rows would cost two extra [N, d] copies.
+        self.optimizer.apply(self.models, updates)
         return updates, received
 
     def client_models(self) -> Tensor:

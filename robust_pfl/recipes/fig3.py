@@ -182,7 +182,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
         "| (K, n_i) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
     ]
-    for key, methods in summary["settings"].items():
+    for clusters, per_cluster in SETTINGS:
+        key = f"K={clusters},n={per_cluster}"
+        methods = summary["settings"][key]
         cells = []
         for name in names:
             result = methods[name]
