@@ -83,8 +83,11 @@ class HeavyBall:
         otherwise that row keeps its parameters and buffer and counts as skipped.
         """
         index = slice(None) if rows is None else rows
-        buffer = torch.add(update, self.buffer[index], alpha=self.momentum)  # new tensor
-        moved = params[index] - self.lr * buffer
+        if self.momentum:
+            buffer = torch.add(update, self.buffer[index], alpha=self.momentum)  # new tensor
+        else:
+            buffer = update
+        moved = torch.add(params[index], buffer, alpha=-self.lr)
         ok = _finite_rows(update) & _finite_rows(buffer) & _finite_rows(moved)
         if not bool(ok.all()):
             ok = ok.unsqueeze(-1)

@@ -217,6 +217,6 @@ def nearest_centre(points: Tensor, centres: Tensor) -> Tensor:
     get centre 0.  The assignment rule of Alg. 4 (unstated in the paper)."""
     admissible = admissible_points(points)
     clean = points if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), points, 0.0)
-    distances = torch.cdist(clean, centres.to(points.dtype))  # matrix-product form for large N
+    distances = torch.cdist(clean, centres.to(points.dtype), compute_mode="donot_use_mm_for_euclid_dist")
     distances = torch.where(torch.isnan(distances), torch.full_like(distances, math.inf), distances)
     return distances.argmin(dim=-1)
