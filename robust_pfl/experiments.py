@@ -97,14 +97,7 @@ def run_method(
     task = task or build_task(config, seed)
     federation = build_federation(task, config, seed)
     algorithm = defenses.build(method.name, federation, method.options())
-    evaluation = Task(
-        task.objective,
-        *(data.__class__(data.inputs.to(federation.device), data.targets.to(federation.device))
-          for data in (task.train, task.validation, task.test)),
-        task.cluster_ids.to(federation.device),
-        task.byzantine.to(federation.device),
-        None if task.optima is None else task.optima.to(federation.device),
-    )
+    evaluation = task.to(federation.device)
     table = ResultTable()
     table.add(method.display, seed, 0, honest_means(evaluation, algorithm.client_models()))
     for round_index in range(config.rounds):

@@ -35,6 +35,22 @@ class Task:
     byzantine: Tensor
     optima: Tensor | None = None
 
+    def to(self, device: torch.device | str) -> "Task":
+        """The same task with every tensor on ``device``."""
+
+        def move(data: ClientData) -> ClientData:
+            return ClientData(data.inputs.to(device), data.targets.to(device))
+
+        return Task(
+            self.objective,
+            move(self.train),
+            move(self.validation),
+            move(self.test),
+            self.cluster_ids.to(device),
+            self.byzantine.to(device),
+            None if self.optima is None else self.optima.to(device),
+        )
+
     def evaluate(self, models: Tensor) -> dict[str, Tensor]:
         """Per-client metrics ``{name: [N]}`` of personalised ``models[N, d]``."""
         metrics = {
