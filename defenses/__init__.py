@@ -15,7 +15,7 @@ from defenses.radius import (
 )
 from defenses.threshold_clustering import ClusteringResult, nearest_centre, threshold_clustering
 
-# Importing the modules registers their algorithms.
+# Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, clustering_algorithms, ifca  # noqa: E402,F401  isort: skip
 
 __all__ = [

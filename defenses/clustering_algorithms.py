@@ -165,7 +165,7 @@ class _ServerClustering(Algorithm):
             pick = torch.randperm(pool.shape[0], generator=self._init_rng, device=self._init_rng.device)[: self.k]
         return pool[pick.to(pool.device)]
 
-    def _cluster_and_update(self, round_index: int, vectors: Tensor) -> tuple[Tensor, Tensor]:
+    def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor:
         fed = self.federation
         state = {"centres": self.centres, "radius_policy": self.policy}
         received = fed.deliver(vectors, round_index, self.message_kind, defense_state=state)
@@ -184,7 +184,7 @@ class _ServerClustering(Algorithm):
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.
         self.optimizer.apply(self.models, updates)
-        return updates, received
+        return updates
 
     def client_models(self) -> Tensor:
         return self.models
@@ -210,7 +210,7 @@ class MyopicClustering(_ServerClustering):
 
     def step(self, round_index: int) -> RoundRecord:
         grads = self.federation.gradients(self.models, self.federation.sample_batch())
-        updates, _ = self._cluster_and_update(round_index, grads)
+        updates = self._cluster_and_update(round_index, grads)
         return RoundRecord(
             round_index, gradients=grads, updates=updates, centres=self.centres, assignment=self.assignment
         )
@@ -241,7 +241,7 @@ class MomentumClustering(_ServerClustering):
         grads = self.federation.gradients(self.models, self.federation.sample_batch())
         alpha = self.params.alpha
         self.momenta = torch.lerp(self.momenta, grads, alpha)  # alpha g + (1 - alpha) m
-        updates, _ = self._cluster_and_update(round_index, self.momenta)
+        updates = self._cluster_and_update(round_index, self.momenta)
         return RoundRecord(
             round_index,
             gradients=grads,
