@@ -140,6 +140,7 @@ class Federation:
             cluster_ids=cluster_ids,
             generator=self._attack_rng,
             receivers=receivers,
+            senders=senders,
             defense_state=dict(defense_state or {}),
         )
         malicious = self.attack(messages, context)

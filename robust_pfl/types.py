@@ -27,6 +27,9 @@ class AttackContext:
             may use it; Byzantine clients carry the cluster they were placed in).
         receivers: for ``cross_gradient`` messages ``[..., N, d]``, the index of the
             client whose model the leading rows were evaluated at; else ``None``.
+        senders: ``[N]`` global client index of every message row (FC's random
+            subgroups deliver a subset of the clients); ``None`` means all clients in
+            order.
         defense_state: what the defense exposes to adaptive attacks (e.g. ``centres``,
             ``radius``); empty for non-adaptive defenses.
         generator: the attack's own seeded generator (independent of data sampling).
@@ -38,6 +41,7 @@ class AttackContext:
     cluster_ids: Tensor
     generator: torch.Generator
     receivers: Tensor | None = None
+    senders: Tensor | None = None
     defense_state: Mapping[str, Any] = field(default_factory=dict)
 
 
