@@ -13,7 +13,12 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
 from defenses.kmeans_init import kmeans_plus_plus
 from defenses.radius import make_radius
-from defenses.threshold_clustering import admissible_points, nearest_centre, threshold_clustering
+from defenses.threshold_clustering import (
+    ClusteringResult,
+    admissible_points,
+    nearest_centre,
+    threshold_clustering,
+)
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -78,6 +83,11 @@ class FederatedClustering(Algorithm):
         self._groups_rng = federation.rng("fc-groups")
         self._buffer: Tensor | None = None
 
+    def _cluster(self, messages: Tensor, centres: Tensor) -> ClusteringResult:
+        """Alg. 3 on ``messages[M, S, d]`` from ``centres[M, 1, d]``."""
+        method = self.params.distance_method(messages.shape[-1])
+        return threshold_clustering(messages, centres, self.policy, self.params.clustering_rounds, method=method)
+
     def _subgroups(self) -> list[Tensor]:
         n = self.federation.clients
         if self.params.groups == 1:
@@ -109,17 +119,22 @@ class FederatedClustering(Algorithm):
                 rows = torch.arange(chunk.numel(), device=grads.device)
                 start = grads[rows, chunk].clone()  # g_i(x_i): the initial centre
                 own[clients] = start
+                centres = start.unsqueeze(1)
+
+                def aggregate(messages: Tensor, centres: Tensor = centres) -> Tensor:
+                    return self._cluster(messages, centres).centres
+
+                state = {"centres": centres, "radius_policy": self.policy, "aggregate": aggregate}
                 received = fed.deliver(
-                    grads, round_index, "cross_gradient", receivers=clients, senders=members, inplace=True
+                    grads,
+                    round_index,
+                    "cross_gradient",
+                    receivers=clients,
+                    defense_state=state,
+                    senders=members,
+                    inplace=True,
                 )
-                result = threshold_clustering(
-                    received,
-                    start.unsqueeze(1),
-                    self.policy,
-                    self.params.clustering_rounds,
-                    method=self.params.distance_method(d),
-                )
-                updates[clients] = result.centres[:, 0]
+                updates[clients] = self._cluster(received, centres).centres[:, 0]
         honest = fed.honest.nonzero().squeeze(-1)
         self.optimizer.apply(self.models, updates[honest], rows=honest)
         return RoundRecord(round_index, gradients=own, updates=updates)
@@ -154,32 +169,42 @@ class _ServerClustering(Algorithm):
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
         self._init_rng = federation.rng(f"{self.name}-centres")
 
-    def _initial_centres(self, received: Tensor) -> Tensor:
+    def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
         if self.params.init == "kmeans++":
-            return kmeans_plus_plus(received, self.k, self._init_rng)
+            return kmeans_plus_plus(received, self.k, generator)
         pool = received[admissible_points(received)]
         if pool.shape[0] == 0:
             return received.new_zeros(self.k, received.shape[-1])
-        pick = torch.randint(pool.shape[0], (self.k,), generator=self._init_rng, device=self._init_rng.device)
+        pick = torch.randint(pool.shape[0], (self.k,), generator=generator, device=generator.device)
         if pool.shape[0] >= self.k:
-            pick = torch.randperm(pool.shape[0], generator=self._init_rng, device=self._init_rng.device)[: self.k]
+            pick = torch.randperm(pool.shape[0], generator=generator, device=generator.device)[: self.k]
         return pool[pick.to(pool.device)]
+
+    def _cluster(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Alg. 3 from warm-started (or freshly seeded) centres, then nearest-centre
+        assignment: ``(centres[K, d], assignment[N])``."""
+        centres = self.centres
+        if centres is None or not self.params.warm_start:
+            centres = self._initial_centres(received, generator)
+        method = self.params.distance_method(received.shape[-1])
+        centres = threshold_clustering(
+            received, centres, self.policy, self.params.clustering_rounds, method=method
+        ).centres
+        return centres, nearest_centre(received, centres)
+
+    def _probe(self, messages: Tensor) -> Tensor:
+        """What every client would apply if ``messages`` were received (for adaptive
+        attacks); uses a copy of the seeding generator, so probing changes nothing."""
+        copy = torch.Generator(device=self._init_rng.device)
+        copy.set_state(self._init_rng.get_state())
+        centres, assignment = self._cluster(messages, copy)
+        return centres[assignment]
 
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor:
         fed = self.federation
-        state = {"centres": self.centres, "radius_policy": self.policy}
+        state = {"centres": self.centres, "radius_policy": self.policy, "aggregate": self._probe}
         received = fed.deliver(vectors, round_index, self.message_kind, defense_state=state)
-        if self.centres is None or not self.params.warm_start:
-            self.centres = self._initial_centres(received)
-        result = threshold_clustering(
-            received,
-            self.centres,
-            self.policy,
-            self.params.clustering_rounds,
-            method=self.params.distance_method(received.shape[-1]),
-        )
-        self.centres = result.centres
-        self.assignment = nearest_centre(received, self.centres)
+        self.centres, self.assignment = self._cluster(received, self._init_rng)
         updates = self.centres[self.assignment]
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.

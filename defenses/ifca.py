@@ -44,10 +44,14 @@ class IFCA(Algorithm):
         batch = fed.sample_batch()
         self.assignment = fed.cross_losses(self.models, batch).argmin(dim=0)
         grads = fed.gradients(self.models[self.assignment], batch)
-        received = fed.deliver(
-            grads, round_index, "gradient", defense_state={"centres": self.models, "assignment": self.assignment}
-        )
-        means, sizes = group_mean(received, self.assignment, self.models.shape[0])
+        k = self.models.shape[0]
+
+        def aggregate(messages: Tensor) -> Tensor:
+            return group_mean(messages, self.assignment, k)[0][..., self.assignment, :]
+
+        state = {"models": self.models, "assignment": self.assignment, "aggregate": aggregate}
+        received = fed.deliver(grads, round_index, "gradient", defense_state=state)
+        means, sizes = group_mean(received, self.assignment, k)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
         return RoundRecord(

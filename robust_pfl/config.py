@@ -13,7 +13,9 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from robust_pfl.placement import ByzantinePlacement
 
 
 class ConfigError(ValueError):
@@ -41,11 +43,25 @@ class SyntheticTaskConfig(_Strict):
 
 
 class ByzantineConfig(_Strict):
-    """Byzantine clients added to the honest ones: ``per_cluster`` in every cluster
-    (paper text) and/or ``total`` spread over the clusters (official code)."""
+    """Byzantine clients added to the honest ones (:class:`ByzantinePlacement`):
+    ``per_cluster`` in every cluster (paper text) and/or ``total`` spread over the
+    clusters (official code), or as fractions of all / each cluster's clients;
+    ``clusters`` restricts which clusters receive the ``total``/``fraction`` ones."""
 
     total: int = Field(0, ge=0)
     per_cluster: int = Field(0, ge=0)
+    fraction: float = Field(0.0, ge=0, lt=1, description="Byzantine share of all clients")
+    fraction_per_cluster: float = Field(0.0, ge=0, lt=1, description="Byzantine share of every cluster")
+    clusters: list[int] | None = Field(None, min_length=1, description="clusters receiving total/fraction")
+
+    def placement(self) -> ByzantinePlacement:
+        return ByzantinePlacement(
+            self.total,
+            self.per_cluster,
+            self.fraction,
+            self.fraction_per_cluster,
+            None if self.clusters is None else tuple(self.clusters),
+        )
 
 
 class AttackConfig(BaseModel):
@@ -94,6 +110,15 @@ class ExperimentConfig(_Strict):
         if len(set(value)) != len(value):
             raise ValueError(f"seeds must be distinct, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _byzantine_clusters_exist(self) -> "ExperimentConfig":
+        chosen = self.byzantine.clusters or []
+        if any(not 0 <= k < self.task.clusters for k in chosen):
+            raise ValueError(
+                f"byzantine.clusters must be cluster indices in [0, {self.task.clusters}), got {chosen}"
+            )
+        return self
 
     @field_validator("device")
     @classmethod

@@ -56,9 +56,8 @@ def build_task(config: ExperimentConfig, seed: int) -> Task:
     spec = config.task.model_dump(exclude={"name"})
     return SyntheticLinearRegression(**spec).build(
         seed,
-        byzantine_total=config.byzantine.total,
-        byzantine_per_cluster=config.byzantine.per_cluster,
         dtype=DTYPES[config.dtype],
+        placement=config.byzantine.placement(),
     )
 
 
@@ -73,6 +72,7 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
         batch_size=config.batch_size,
         attack=attack,
         device=torch.device(config.device),
+        num_classes=task.num_classes,
     )
 
 

@@ -36,8 +36,11 @@ class Federation:
         byzantine: ``[N]`` bool mask.
         seed: the run's seed; streams derive from it.
         batch_size: samples per client per round (``None``: full local data).
-        attack: the gradient attack, or ``None``.
+        attack: the attack, or ``None``.  A data attack (one with a ``poison``
+            method, e.g. label flipping) rewrites the Byzantine clients' training
+            targets once, here; they then send honest gradients of poisoned data.
         device: where tensors live.
+        num_classes: classes of a classification task (needed by data attacks).
     """
 
     objective: Objective
@@ -48,6 +51,7 @@ class Federation:
     batch_size: int | None = None
     attack: Attack | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         n = self.train.inputs.shape[0]
@@ -57,11 +61,26 @@ class Federation:
                 f"{tuple(self.cluster_ids.shape)} and {tuple(self.byzantine.shape)}"
             )
         self.device = torch.device(self.device)
-        self.train = ClientData(self.train.inputs.to(self.device), self.train.targets.to(self.device))
+        self.train = ClientData(self.train.inputs.to(self.device), self._poisoned_targets().to(self.device))
         self.cluster_ids = self.cluster_ids.to(self.device).long()
         self.byzantine = self.byzantine.to(self.device).bool()
         self._batch_rng = make_generator(self.seed, "batches", self.device)
         self._attack_rng = make_generator(self.seed, "attack", self.device)
+
+    def _poisoned_targets(self) -> Tensor:
+        """Training targets after a data attack's ``poison`` on the Byzantine rows."""
+        poison = getattr(self.attack, "poison", None)
+        if poison is None or not bool(self.byzantine.any()):
+            return self.train.targets
+        if self.num_classes is None:
+            raise ValueError(
+                f"attack {getattr(self.attack, 'name', self.attack)!r} poisons labels: it needs a "
+                "classification task (num_classes), not a regression task"
+            )
+        targets = self.train.targets.clone()
+        rows = self.byzantine.to(targets.device).bool()
+        targets[rows] = poison(targets[rows], self.num_classes).to(targets.dtype)
+        return targets
 
     # -- facts ------------------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from robust_pfl.data import ClientData
 from robust_pfl.objectives import Objective
+from robust_pfl.placement import ByzantinePlacement
 
 
 @dataclass
@@ -25,6 +26,8 @@ class Task:
         cluster_ids: ``[N]`` hidden cluster of each client.
         byzantine: ``[N]`` Byzantine mask.
         optima: ``[K, d]`` each cluster's minimiser, where known (synthetic tasks).
+        num_classes: classes of a classification task (``None`` for regression); data
+            attacks such as label flipping need it.
     """
 
     objective: Objective
@@ -34,6 +37,7 @@ class Task:
     cluster_ids: Tensor
     byzantine: Tensor
     optima: Tensor | None = None
+    num_classes: int | None = None
 
     def to(self, device: torch.device | str) -> "Task":
         """The same task with every tensor on ``device``."""
@@ -49,6 +53,7 @@ class Task:
             self.cluster_ids.to(device),
             self.byzantine.to(device),
             None if self.optima is None else self.optima.to(device),
+            self.num_classes,
         )
 
     def evaluate(self, models: Tensor) -> dict[str, Tensor]:
@@ -67,23 +72,7 @@ class Task:
 def place_clients(
     clusters: int, honest_per_cluster: int, byzantine_total: int = 0, byzantine_per_cluster: int = 0
 ) -> tuple[Tensor, Tensor]:
-    """Cluster ids and Byzantine mask for honest clients plus Byzantine ones.
-
-    Honest clients come first, ``honest_per_cluster`` per cluster in cluster order;
-    then ``byzantine_per_cluster`` Byzantine clients in every cluster ("50 Byzantine per
-    cluster", the paper's text), then ``byzantine_total`` more spread round-robin over
-    the clusters ("50 in total", the official code).
-    """
-    for name, value in (("clusters", clusters), ("honest_per_cluster", honest_per_cluster)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    for name, value in (("byzantine.total", byzantine_total), ("byzantine.per_cluster", byzantine_per_cluster)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
-    honest = torch.arange(clusters).repeat_interleave(honest_per_cluster)
-    per_cluster = torch.arange(clusters).repeat_interleave(byzantine_per_cluster)
-    spread = torch.arange(byzantine_total) % clusters
-    ids = torch.cat([honest, per_cluster, spread])
-    byzantine = torch.zeros(ids.numel(), dtype=torch.bool)
-    byzantine[honest.numel() :] = True
-    return ids, byzantine
+    """Cluster ids and Byzantine mask: ``byzantine_per_cluster`` Byzantine clients in
+    every cluster plus ``byzantine_total`` spread round-robin (see
+    :class:`robust_pfl.placement.ByzantinePlacement` for fractions and cluster choice)."""
+    return ByzantinePlacement(byzantine_total, byzantine_per_cluster).place(clusters, honest_per_cluster)

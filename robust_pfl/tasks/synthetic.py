@@ -18,7 +18,8 @@ import torch
 from robust_pfl.data import ClientData
 from robust_pfl.objectives import linear_regression
 from robust_pfl.seeding import generator
-from robust_pfl.tasks.base import Task, place_clients
+from robust_pfl.placement import ByzantinePlacement
+from robust_pfl.tasks.base import Task
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,12 @@ class SyntheticLinearRegression:
         byzantine_total: int = 0,
         byzantine_per_cluster: int = 0,
         dtype: torch.dtype = torch.float32,
+        placement: ByzantinePlacement | None = None,
     ) -> Task:
-        ids, byzantine = place_clients(
-            self.clusters, self.clients_per_cluster, byzantine_total, byzantine_per_cluster
-        )
+        """The task for ``seed``; Byzantine clients from ``placement`` (or the
+        ``byzantine_total``/``byzantine_per_cluster`` shorthand)."""
+        placement = placement or ByzantinePlacement(byzantine_total, byzantine_per_cluster)
+        ids, byzantine = placement.place(self.clusters, self.clients_per_cluster)
         g = generator(seed, "synthetic-data")
         if self.optimum == "binary":
             optima = torch.randint(0, 2, (self.clusters, self.dim), generator=g).double() * self.scale
