@@ -1,4 +1,6 @@
-"""Command line: ``robust-pfl run CONFIG.toml`` and ``robust-pfl reproduce fig3``."""
+"""Command line: ``robust-pfl run CONFIG.toml``, ``robust-pfl reproduce fig3``,
+``robust-pfl attack-table``, and the listings ``robust-pfl attacks`` /
+``robust-pfl defenses``."""
 
 from __future__ import annotations
 
@@ -30,6 +32,34 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attack_table(args: argparse.Namespace) -> int:
+    from robust_pfl.recipes import attack_table
+
+    out = Path(args.out) if args.out else Path("results") / "attack_table"
+    attack_table.main(out, quick=args.quick, seeds=args.seeds)
+    return 0
+
+
+def _list_attacks(args: argparse.Namespace) -> int:
+    import attacks
+    from robust_pfl.catalog import entries, render
+
+    print(render("Attacks (attack = {name = ..., <parameter> = ...}):", entries(attacks.REGISTRY), not args.brief))
+    return 0
+
+
+def _list_defenses(args: argparse.Namespace) -> int:
+    import defenses
+    from robust_pfl.catalog import entries, render
+
+    print(render("Algorithms ([[methods]] name = ...):", entries(defenses.REGISTRY), not args.brief))
+    aggregators = getattr(defenses, "AGGREGATORS", {})
+    if aggregators:
+        title = "Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...}):"
+        print(render(title, entries(aggregators), not args.brief))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="robust-pfl", description=__doc__)
     parser.add_argument(
@@ -47,6 +77,18 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--quick", action="store_true", help="fewer rounds, grid points and seeds")
     reproduce.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
     reproduce.set_defaults(handler=_reproduce)
+    table = commands.add_parser("attack-table", help="attack x defense table on synthetic data (resumable)")
+    table.add_argument("--out", help="output directory (default results/attack_table)")
+    table.add_argument("--quick", action="store_true", help="100 rounds, 1 seed")
+    table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
+    table.set_defaults(handler=_attack_table)
+    for name, handler, text in (
+        ("attacks", _list_attacks, "list registered attacks with their parameters"),
+        ("defenses", _list_defenses, "list registered algorithms and robust aggregators"),
+    ):
+        listing = commands.add_parser(name, help=text)
+        listing.add_argument("--brief", action="store_true", help="one line each, no parameters")
+        listing.set_defaults(handler=handler)
     return parser
 
 

@@ -15,8 +15,10 @@ import attacks
 import defenses
 from robust_pfl.config import ConfigError, ExperimentConfig, MethodConfig
 from robust_pfl.federation import Federation
+from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.results import ResultTable, write_results
 from robust_pfl.tasks import SyntheticLinearRegression, Task
+from robust_pfl.types import RoundRecord
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -76,13 +78,20 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
     )
 
 
-def honest_means(task: Task, models: torch.Tensor) -> dict[str, float]:
-    """Honest-client averages of the task's per-client metrics, plus the fraction of
-    honest models that are not finite (must stay 0 under any attack)."""
+def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord | None = None) -> dict[str, float]:
+    """Honest-client averages of the task's per-client metrics for the algorithm's
+    personalised models (or its own predictor, e.g. KNN-Per's mixture), the fraction
+    of honest models that are not finite (must stay 0 under any attack), and for
+    algorithms that form clusters the adjusted Rand index of the honest clients'
+    assignment against the true clusters."""
+    models = algorithm.client_models()
     honest = ~task.byzantine.to(models.device)
-    per_client = task.evaluate(models)
+    per_client = task.evaluate(models, getattr(algorithm, "predict_log_proba", None))
     out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
     out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
+    if record is not None and record.assignment is not None:
+        truth = task.cluster_ids.to(models.device)[honest]
+        out["ari"] = adjusted_rand_index(truth, record.assignment[honest])
     return out
 
 
@@ -99,14 +108,14 @@ def run_method(
     algorithm = defenses.build(method.name, federation, method.options())
     evaluation = task.to(federation.device)
     table = ResultTable()
-    table.add(method.display, seed, 0, honest_means(evaluation, algorithm.client_models()))
+    table.add(method.display, seed, 0, honest_means(evaluation, algorithm))
     for round_index in range(config.rounds):
-        algorithm.step(round_index)
+        record = algorithm.step(round_index)
         if on_round is not None:
             on_round()
         done = round_index + 1
         if done % config.eval_every == 0 or done == config.rounds:
-            table.add(method.display, seed, done, honest_means(evaluation, algorithm.client_models()))
+            table.add(method.display, seed, done, honest_means(evaluation, algorithm, record))
     return table
 
 

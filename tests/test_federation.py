@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import attacks
 from defenses.base import HeavyBall, group_mean
 from robust_pfl import Federation
+from robust_pfl.data import ClientData
+from robust_pfl.objectives import linear_regression
 from robust_pfl.tasks import SyntheticLinearRegression, place_clients
 from robust_pfl.types import AttackContext
 
@@ -404,3 +406,34 @@ def test_heavy_ball_never_writes_non_finite_parameters(start, lr, momentum, step
     for _ in range(steps):
         opt.apply(params, update)
     assert torch.isfinite(params).all(), f"parameter row became {params.tolist()}"
+
+
+class _ReverseLabels:
+    """A stub data attack: poisons labels, then sends honest rows."""
+
+    name = "stub_reverse"
+
+    def poison(self, targets: torch.Tensor, num_classes: int) -> torch.Tensor:
+        return num_classes - 1 - targets
+
+    def __call__(self, messages, context):
+        return messages[..., context.byzantine, :].clone()
+
+
+def test_data_attack_poisons_only_byzantine_training_targets():
+    inputs = torch.zeros(4, 3, 2)
+    targets = torch.tensor([[0, 1, 2]] * 4)
+    byzantine = torch.tensor([False, False, True, True])
+    fed = Federation(
+        linear_regression(2), ClientData(inputs, targets), torch.zeros(4, dtype=torch.long), byzantine,
+        attack=_ReverseLabels(), num_classes=3,
+    )
+    assert torch.equal(fed.train.targets[:2], targets[:2])
+    assert torch.equal(fed.train.targets[2:], torch.tensor([[2, 1, 0]] * 2))
+    assert torch.equal(targets, torch.tensor([[0, 1, 2]] * 4))  # caller's data untouched
+
+
+def test_data_attack_on_regression_task_is_refused():
+    task = small_task()
+    with pytest.raises(ValueError, match="classification task"):
+        Federation(task.objective, task.train, task.cluster_ids, task.byzantine, attack=_ReverseLabels())

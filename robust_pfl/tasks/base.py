@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from robust_pfl.data import ClientData
+from robust_pfl.metrics import accuracy, negative_log_likelihood
 from robust_pfl.objectives import Objective
 from robust_pfl.placement import ByzantinePlacement
+
+
+Predictor = Callable[[Tensor], Tensor]
+"""Inputs ``[N, b, ...]`` to log-probabilities ``[N, b, C]`` (one row per client)."""
 
 
 @dataclass
@@ -56,13 +62,28 @@ class Task:
             self.num_classes,
         )
 
-    def evaluate(self, models: Tensor) -> dict[str, Tensor]:
-        """Per-client metrics ``{name: [N]}`` of personalised ``models[N, d]``."""
-        metrics = {
-            "train_loss": self.objective.paired_losses(models, self.train),
-            "validation_loss": self.objective.paired_losses(models, self.validation),
-            "test_loss": self.objective.paired_losses(models, self.test),
-        }
+    def evaluate(self, models: Tensor, predictor: Predictor | None = None) -> dict[str, Tensor]:
+        """Per-client metrics ``{name: [N]}`` of personalised ``models[N, d]``, each on
+        the client's own split.
+
+        Regression: the objective's loss on train, validation and test.
+        Classification (``num_classes`` set): ``*_loss`` is the cross-entropy of the
+        predicted class distribution and ``*_accuracy`` its accuracy, on validation
+        and test (plus the training objective as ``train_loss``).  ``predictor``, if
+        given, maps inputs ``[N, b, ...]`` to log-probabilities ``[N, b, C]`` and
+        replaces ``log_softmax`` of the models' outputs (KNN-Per's mixture).
+        """
+        metrics = {"train_loss": self.objective.paired_losses(models, self.train)}
+        for split, data in (("validation", self.validation), ("test", self.test)):
+            if self.num_classes is None:
+                metrics[f"{split}_loss"] = self.objective.paired_losses(models, data)
+                continue
+            if predictor is not None:
+                log_probs = predictor(data.inputs)
+            else:
+                log_probs = torch.log_softmax(self.objective.paired_outputs(models, data), dim=-1)
+            metrics[f"{split}_loss"] = negative_log_likelihood(log_probs, data.targets)
+            metrics[f"{split}_accuracy"] = accuracy(log_probs, data.targets)
         if self.optima is not None:
             target = self.optima.to(models)[self.cluster_ids]
             metrics["param_error"] = (models - target).pow(2).sum(-1)
