@@ -1,13 +1,45 @@
 """Byzantine attacks, registered by name.
 
-Each attack is a small callable configured at construction (parameters validated
+Each attack is a frozen dataclass configured at construction (parameters validated
 there) implementing :class:`robust_pfl.types.Attack`: it receives the honest messages
-``[..., N, d]`` and an :class:`~robust_pfl.types.AttackContext`, and returns the
-Byzantine rows.  The full library (bit flip, label flip, ALIE, IPM, min-max, ball-edge
-...) is tracked as its own issue; this module holds the registry and the first attacks.
+``[..., S, d]`` and an :class:`~robust_pfl.types.AttackContext`, and returns the
+Byzantine rows ``[..., B, d]``.  Class attributes ``name``, ``summary`` and ``needs``
+(``"omniscient"``, ``"adaptive"``, ``"data"``) describe it; :func:`describe` gives
+what ``robust-pfl attacks`` prints.
+
+Families: :mod:`attacks.simple` (large gradient, constant), :mod:`attacks.flips` (bit
+flip), :mod:`attacks.noise` (Gaussian noise), :mod:`attacks.statistical` (ALIE, IPM,
+mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
+(ball-edge), :mod:`attacks.search` (the ``optimised`` scale-search wrapper) and
+:mod:`attacks.data_poisoning` (label flip).
 """
 
-from attacks.base import REGISTRY, build, register
-from attacks.simple import LargeGradient, ConstantValue
+from attacks.base import NEED_TAGS, REGISTRY, build, describe, register
+from attacks.simple import ConstantValue, LargeGradient
+from attacks.flips import BitFlip
+from attacks.noise import GaussianNoise
+from attacks.statistical import ALIE, IPM, Mimic
+from attacks.optimised import MinMax, MinSum
+from attacks.adaptive import BallEdge
+from attacks.search import Optimised
+from attacks.data_poisoning import LabelFlip
 
-__all__ = ["REGISTRY", "build", "register", "LargeGradient", "ConstantValue"]
+__all__ = [
+    "NEED_TAGS",
+    "REGISTRY",
+    "build",
+    "describe",
+    "register",
+    "LargeGradient",
+    "ConstantValue",
+    "BitFlip",
+    "GaussianNoise",
+    "ALIE",
+    "IPM",
+    "Mimic",
+    "MinMax",
+    "MinSum",
+    "BallEdge",
+    "Optimised",
+    "LabelFlip",
+]

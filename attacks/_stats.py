@@ -1,0 +1,115 @@
+"""Row selection and honest-row statistics shared by the attacks.
+
+Messages are ``[..., S, d]``: the last-but-one axis holds the ``S`` sender rows, the
+leading axes ``...`` are batch blocks (Federated-Clustering's ``[M, S, d]``: one block
+per receiver model).  Every statistic here is computed per leading block, vectorised;
+``context.byzantine`` (``[S]``) selects rows along the sender axis.
+
+*Reference rows.*  The statistics an omniscient attacker uses (mean, std, ...) are
+over the honest rows.  When a call has no honest sender at all (a subgroup made only
+of Byzantine clients), they fall back to all rows, i.e. the Byzantine clients' own
+honest vectors, so that every attack stays well defined.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from robust_pfl.types import AttackContext
+
+
+def byzantine_count(context: AttackContext) -> int:
+    """``B``, the number of Byzantine rows in this call."""
+    return int(context.byzantine.sum())
+
+
+def byzantine_shape(messages: Tensor, context: AttackContext) -> tuple[int, ...]:
+    """``(..., B, d)``: the shape every attack returns."""
+    return (*messages.shape[:-2], byzantine_count(context), messages.shape[-1])
+
+
+def own_rows(messages: Tensor, context: AttackContext) -> Tensor:
+    """``[..., B, d]``: each Byzantine client's own honest vector (a new tensor)."""
+    return messages[..., context.byzantine.to(messages.device), :]
+
+
+def reference_mask(context: AttackContext) -> Tensor:
+    """``[S]`` bool: the honest rows, or every row when no sender is honest."""
+    honest = ~context.byzantine
+    return honest if bool(honest.any()) else torch.ones_like(honest)
+
+
+def honest_rows(messages: Tensor, context: AttackContext) -> Tensor:
+    """``[..., H, d]``: the reference (honest) rows of every leading block."""
+    return messages[..., reference_mask(context).to(messages.device), :]
+
+
+def honest_mean(messages: Tensor, context: AttackContext) -> Tensor:
+    """``[..., 1, d]``: the honest mean of every leading block."""
+    return honest_rows(messages, context).mean(dim=-2, keepdim=True)
+
+
+def mean_and_std(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """``([..., 1, d], [..., 1, d])``: per-coordinate mean and standard deviation of
+    ``rows[..., H, d]``, the latter with Bessel's correction (``/(H - 1)``, as
+    ``torch.std`` in the ALIE authors' code) and 0 for a single row."""
+    mean = rows.mean(dim=-2, keepdim=True)
+    dof = max(rows.shape[-2] - 1, 1)
+    return mean, ((rows - mean).square().sum(dim=-2, keepdim=True) / dof).sqrt()
+
+
+def client_row(messages: Tensor, context: AttackContext, client: int | None) -> Tensor:
+    """``[..., 1, d]``: the row of global client ``client`` if it is an honest sender
+    of this call; otherwise (``None``, absent from ``context.senders``, or Byzantine)
+    the row of the honest sender with the lowest global index.  Chosen on the device
+    by one ``argmin`` (no loop over senders)."""
+    reference = reference_mask(context)
+    senders = context.senders
+    if senders is None:
+        senders = torch.arange(reference.shape[0], device=reference.device)
+    senders = senders.to(reference.device).long()
+    # rank: -1 for the requested client, its global index for other reference rows,
+    # and past every index for the rows that may not be copied
+    rank = torch.where(reference, senders, torch.full_like(senders, torch.iinfo(torch.long).max))
+    if client is not None:
+        rank = torch.where(reference & (senders == client), torch.full_like(rank, -1), rank)
+    row = rank.argmin().reshape(1).to(messages.device)
+    return messages.index_select(-2, row)
+
+
+def expand_rows(rows: Tensor, messages: Tensor, context: AttackContext) -> Tensor:
+    """Broadcast ``rows`` (``[..., 1, d]`` or ``[..., B, d]``) to a fresh contiguous
+    ``[..., B, d]`` tensor in ``messages``' dtype (never a view of ``messages``)."""
+    shape = byzantine_shape(messages, context)
+    return rows.to(messages.dtype).expand(shape).clone(memory_format=torch.contiguous_format)
+
+
+def norm(vectors: Tensor, keepdim: bool = True) -> Tensor:
+    """Euclidean norm over the last axis."""
+    return torch.linalg.vector_norm(vectors, dim=-1, keepdim=keepdim)
+
+
+def unit(vectors: Tensor) -> Tensor:
+    """``v / ||v||`` over the last axis; a zero vector stays zero."""
+    length = norm(vectors)
+    return vectors / torch.where(length > 0, length, torch.ones_like(length))
+
+
+def distances(a: Tensor, b: Tensor) -> Tensor:
+    """``[..., P, Q]`` Euclidean distances between rows of ``a[..., P, d]`` and
+    ``b[..., Q, d]`` (leading axes broadcast); the exact difference formula, not the
+    matrix-product shortcut, so that small distances keep their precision."""
+    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def normal_rows(
+    messages: Tensor, context: AttackContext, mean: float, std: float
+) -> Tensor:
+    """``[..., B, d]`` i.i.d. ``N(mean, std^2)`` drawn from ``context.generator`` (on
+    its device, then moved to ``messages``')."""
+    rows = torch.empty(
+        byzantine_shape(messages, context), device=context.generator.device, dtype=messages.dtype
+    )
+    rows.normal_(mean, std, generator=context.generator)  # in place: no temporaries
+    return rows.to(messages.device)

@@ -1,0 +1,37 @@
+"""Gaussian noise: random rows, around zero or around the attacker's own gradient."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from torch import Tensor
+
+from attacks._stats import normal_rows, own_rows
+from attacks.base import register, require_choice, require_finite
+from robust_pfl.types import AttackContext
+
+AROUND = ("zero", "own")
+
+
+@register
+@dataclass(frozen=True)
+class GaussianNoise:
+    """Gaussian-noise attack (the standard baseline of e.g. Blanchard et al., 2017,
+    and Xie et al., 2018): every Byzantine coordinate i.i.d. ``N(0, std^2)``
+    (``around="zero"``) or the client's own honest row plus that noise
+    (``around="own"``).  All draws come from ``context.generator``."""
+
+    name: ClassVar[str] = "gaussian_noise"
+    summary: ClassVar[str] = "i.i.d. N(0, std^2) per coordinate, around zero or the own honest row"
+    needs: ClassVar[frozenset[str]] = frozenset()
+    std: float = 200.0
+    around: str = "zero"
+
+    def __post_init__(self) -> None:
+        require_finite(self.name, "std", self.std, low=0.0)
+        require_choice(self.name, "around", self.around, AROUND)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        noise = normal_rows(messages, context, 0.0, self.std)
+        return noise.add_(own_rows(messages, context)) if self.around == "own" else noise

@@ -1,0 +1,93 @@
+"""``optimised``: tune any registered attack's magnitude against the defense.
+
+A wrapper in the spirit of the adaptive evaluations of Shejwalkar & Houmansadr (NDSS
+2021) and Karimireddy et al. (ICLR 2022): the base attack gives the direction of the
+Byzantine rows relative to the honest mean, and a grid search over its scale picks
+the one that moves the defense's output farthest from the honest mean.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+from torch import Tensor
+
+from attacks._stats import honest_mean, norm
+from attacks.base import NeedsBy, build, register, require_finite
+from robust_pfl.types import Attack, AttackContext
+
+DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
+
+
+def mean_aggregate(delivered: Tensor) -> Tensor:
+    """The undefended aggregate: ``[..., S, d] -> [..., 1, d]``."""
+    return delivered.mean(dim=-2, keepdim=True)
+
+
+@register
+@dataclass(frozen=True)
+class Optimised:
+    """Scale search around a base attack (omniscient and adaptive).
+
+    ``base``: ``{"name": ..., <options>}`` of another registered attack, built (and
+    validated) at construction.  Each call computes the base rows ``B0``, then for
+    every ``s`` in ``scales`` the candidate rows ``honest_mean + s * (B0 -
+    honest_mean)`` (per leading block), delivers them into a copy of the messages and
+    measures the damage ``mean ||aggregate(delivered) - honest_mean||`` (mean over the
+    aggregate's rows and the leading blocks).  ``aggregate`` is
+    ``context.defense_state["aggregate"]`` (``[..., S, d] -> [..., R, d]``: the
+    vectors the honest receivers would apply); without it, the plain mean over senders.
+
+    The search is per call and global: one scale for the whole call (every leading
+    block and every Byzantine row), chosen afresh each round.  Non-finite damages are
+    ignored; when no damage is finite, scale 1 (the base rows themselves) is used.
+    Ties go to the scale listed first.  The base attack is called once per call, so its
+    randomness comes from ``context.generator`` as usual.
+    """
+
+    name: ClassVar[str] = "optimised"
+    summary: ClassVar[str] = "grid-search the scale of a base attack to maximise the aggregate's deviation"
+    needs = NeedsBy(
+        frozenset({"omniscient", "adaptive"}),
+        lambda self: frozenset(getattr(self.attack, "needs", ())) | {"omniscient", "adaptive"},
+    )
+    base: Mapping[str, Any] = field(default_factory=lambda: {"name": "alie"}, hash=False)
+    scales: tuple[float, ...] = DEFAULT_SCALES
+    attack: Attack = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.base, Mapping) or not isinstance(self.base.get("name"), str):
+            raise ValueError(f"optimised.base must be a mapping with a string 'name', got {self.base!r}")
+        options = dict(self.base)
+        name = options.pop("name")
+        try:
+            attack = build(name, options)
+        except ValueError as error:
+            raise ValueError(f"optimised.base: {error}") from None
+        if isinstance(self.scales, (str, bytes)) or not hasattr(self.scales, "__iter__"):
+            raise ValueError(f"optimised.scales must be a non-empty list of finite numbers > 0, got {self.scales!r}")
+        scales = tuple(self.scales)
+        if not scales:
+            raise ValueError("optimised.scales must be a non-empty list of finite numbers > 0, got []")
+        for value in scales:
+            require_finite(self.name, "scales", value, low=0.0, open_low=True)
+        object.__setattr__(self, "base", dict(self.base))
+        object.__setattr__(self, "scales", tuple(float(s) for s in scales))
+        object.__setattr__(self, "attack", attack)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        aggregate = (context.defense_state or {}).get("aggregate") or mean_aggregate
+        mask = context.byzantine.to(messages.device)
+        centre = honest_mean(messages, context)
+        offset = self.attack(messages, context).to(messages.dtype) - centre
+        damages = []
+        for scale in self.scales:
+            delivered = messages.clone()
+            delivered[..., mask, :] = centre + scale * offset
+            damage = norm(aggregate(delivered) - centre, keepdim=False).mean()
+            damages.append(float(damage))
+        finite = [(value, -index) for index, value in enumerate(damages) if math.isfinite(value)]
+        chosen = self.scales[-max(finite)[1]] if finite else 1.0
+        return centre + chosen * offset

@@ -1,0 +1,102 @@
+"""Attacks built from honest-row statistics: ALIE, IPM and mimic (all omniscient)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import ClassVar
+
+from torch import Tensor
+
+from attacks._stats import client_row, expand_rows, honest_mean, honest_rows, mean_and_std
+from attacks.base import register, require_finite, require_int
+from robust_pfl.types import AttackContext
+
+
+def alie_z(senders: int, byzantine: int) -> float:
+    """Baruch et al. (2019), the choice of ``z_max``: with ``n`` senders of which ``f`` Byzantine, the
+    attacker needs ``s = floor(n/2 + 1) - f`` honest "supporters", and
+    ``z = Phi^{-1}((n - s) / n)`` (``Phi`` the standard normal CDF).
+
+    Outside the paper's regime the formula degenerates; ``s`` is clamped to ``>= 1``
+    (``f`` past a majority would give ``s <= 0`` and ``z = inf``) and ``z`` to
+    ``>= 0`` (``(n - s)/n <= 1/2`` only when ``f = 0`` or ``n = 1``).
+    """
+    n = senders
+    s = max(math.floor(n / 2 + 1) - byzantine, 1)
+    p = (n - s) / n if n > 0 else 0.0
+    return NormalDist().inv_cdf(p) if p > 0.5 else 0.0
+
+
+@register
+@dataclass(frozen=True)
+class ALIE:
+    """"A little is enough" (Baruch, Baruch & Goldberg, NeurIPS 2019): every
+    Byzantine row is, per coordinate, ``mean_j - z * std_j`` of the honest rows, a
+    shift small enough to stay within the honest spread yet consistent across all
+    Byzantine clients.
+
+    ``std`` is the sample (Bessel-corrected) standard deviation, as ``torch.std`` in the
+    authors' code.  ``z = None`` computes ``z`` from ``n = S`` (all senders of the
+    call) and ``f = B`` with :func:`alie_z`; a given ``z`` must be ``>= 0``.
+    """
+
+    name: ClassVar[str] = "alie"
+    summary: ClassVar[str] = "honest mean - z * honest std per coordinate (Baruch et al. 2019)"
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
+    z: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.z is not None:
+            require_finite(self.name, "z", self.z, low=0.0)
+
+    def z_for(self, context: AttackContext) -> float:
+        """The ``z`` used for this call."""
+        if self.z is not None:
+            return float(self.z)
+        return alie_z(int(context.byzantine.numel()), int(context.byzantine.sum()))
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        mean, std = mean_and_std(honest_rows(messages, context))
+        return expand_rows(mean - self.z_for(context) * std, messages, context)
+
+
+@register
+@dataclass(frozen=True)
+class IPM:
+    """Inner-product manipulation (Xie, Koyejo & Gupta, "Fall of empires", UAI 2019 /
+    PMLR 115, 2020): every Byzantine row is ``-eps * mean`` of the honest rows, so that
+    its inner product with the honest mean, ``-eps ||mean||^2``, is negative."""
+
+    name: ClassVar[str] = "ipm"
+    summary: ClassVar[str] = "-eps * honest mean (Xie et al. 2020, inner product manipulation)"
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
+    eps: float = 0.1
+
+    def __post_init__(self) -> None:
+        require_finite(self.name, "eps", self.eps, low=0.0, open_low=True)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return expand_rows(honest_mean(messages, context) * -self.eps, messages, context)
+
+
+@register
+@dataclass(frozen=True)
+class Mimic:
+    """Mimic (Karimireddy, He & Jaggi, ICLR 2022): every Byzantine client copies one
+    honest client's row, over-weighting it.  ``client`` is a global client index;
+    ``None`` (or a client absent from the call or Byzantine) copies the honest sender
+    with the lowest global index."""
+
+    name: ClassVar[str] = "mimic"
+    summary: ClassVar[str] = "copy one honest client's row (Karimireddy et al. 2022)"
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
+    client: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.client is not None:
+            require_int(self.name, "client", self.client, low=0)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return expand_rows(client_row(messages, context, self.client), messages, context)
