@@ -1,18 +1,26 @@
-"""IFCA (Ghosh et al. 2020), gradient-averaging variant (Option I).
+"""IFCA (Ghosh et al. 2020): gradient averaging (Option I) and model averaging
+(Option II).
 
 K cluster models.  Each round every client evaluates all K models on its batch and
-picks the one with the lowest loss; the server averages the gradients of the clients
-that picked model k and updates model k.  A client's personalised model is the model
-it picked.  Werner et al. Sec. 2.1 (Fig. 1b) shows it can stay stuck forever.
+picks the one with the lowest loss.  Option I: the server averages the gradients of
+the clients that picked model k and updates model k.  Option II: every client runs
+local SGD from the model it picked and sends its local model; the server sets model k
+to the mean of the local models of the clients that picked it.  A client's
+personalised model is the model it picked.  Werner et al. Sec. 2.1 (Fig. 1b) shows
+IFCA can stay stuck forever.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, group_mean, register
+from defenses.threshold_clustering import admissible_points
+from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -21,13 +29,15 @@ class IFCAParams(AlgorithmParams):
     clusters: int | None = Field(None, ge=1, description="K models (default: the task's K)")
 
 
-@register
-class IFCA(Algorithm):
-    """IFCA with gradient averaging (Ghosh et al., Alg. 1 Option I)."""
+class IFCAModelAveragingParams(IFCAParams):
+    local_steps: int = Field(5, ge=1, description="local SGD steps from the picked model per round (tau)")
 
-    name = "ifca"
-    summary = "IFCA: K models, each client picks its lowest-loss model, gradient averaging"
-    Params = IFCAParams
+
+class _ClusterChoice(Algorithm):
+    """What both IFCA options share: K models, the lowest-loss choice, the round
+    record and the personalised models.  Subclasses define :meth:`_cluster_means`
+    (how the server combines the received messages per cluster) and :meth:`step`."""
+
     forms_clusters = True
 
     def __init__(self, federation: Federation, params: IFCAParams, initial_models: Tensor | None = None) -> None:
@@ -36,31 +46,121 @@ class IFCA(Algorithm):
         if initial_models is None:
             initial_models = federation.init_params(k, stream="ifca-init")
         self.models = initial_models.to(federation.device, federation.dtype).clone()
-        self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
 
-    def step(self, round_index: int) -> RoundRecord:
-        fed = self.federation
-        batch = fed.sample_batch()
-        self.assignment = fed.cross_losses(self.models, batch).argmin(dim=0)
-        grads = fed.gradients(self.models[self.assignment], batch)
-        k = self.models.shape[0]
+    def _choose(self, batch: Batch) -> None:
+        """Every client picks the model with the lowest loss on its batch."""
+        self.assignment = self.federation.cross_losses(self.models, batch).argmin(dim=0)
+
+    def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-model combination of ``messages[..., N, d]``: ``(means[..., K, d], sizes[..., K])``."""
+        raise NotImplementedError
+
+    def _defense_state(self) -> dict[str, Any]:
+        """What adaptive attacks see: the models, the choice, and the server's
+        per-client aggregate ``[..., N, d] -> [..., N, d]``."""
 
         def aggregate(messages: Tensor) -> Tensor:
-            return group_mean(messages, self.assignment, k)[0][..., self.assignment, :]
+            return self._cluster_means(messages)[0][..., self.assignment, :]
 
-        state = {"models": self.models, "assignment": self.assignment, "aggregate": aggregate}
-        received = fed.deliver(grads, round_index, "gradient", defense_state=state)
-        means, sizes = group_mean(received, self.assignment, k)
-        active = sizes > 0
-        self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
+        return {"models": self.models, "assignment": self.assignment, "aggregate": aggregate}
+
+    def _record(self, round_index: int, gradients: Tensor, cluster_updates: Tensor) -> RoundRecord:
         return RoundRecord(
             round_index,
-            gradients=grads,
-            updates=means[self.assignment],
+            gradients=gradients,
+            updates=cluster_updates[self.assignment],
             centres=self.models.clone(),
             assignment=self.assignment,
         )
 
     def client_models(self) -> Tensor:
         return self.models[self.assignment]
+
+
+@register
+class IFCA(_ClusterChoice):
+    """IFCA with gradient averaging (Ghosh et al., Alg. 1 Option I)."""
+
+    name = "ifca"
+    summary = "IFCA: K models, each client picks its lowest-loss model, gradient averaging"
+    reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option I"
+    Params = IFCAParams
+
+    def __init__(self, federation: Federation, params: IFCAParams, initial_models: Tensor | None = None) -> None:
+        super().__init__(federation, params, initial_models)
+        self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
+
+    def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
+        return group_mean(messages, self.assignment, self.models.shape[0])
+
+    def step(self, round_index: int) -> RoundRecord:
+        fed = self.federation
+        batch = fed.sample_batch()
+        self._choose(batch)
+        grads = fed.gradients(self.models[self.assignment], batch)
+        received = fed.deliver(grads, round_index, "gradient", defense_state=self._defense_state())
+        means, sizes = self._cluster_means(received)
+        active = sizes > 0
+        self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
+        return self._record(round_index, grads, means)
+
+
+@register
+class IFCAModelAveraging(_ClusterChoice):
+    """IFCA with model averaging (Ghosh et al., Alg. 1 Option II).
+
+    Each round every client picks its lowest-loss model on the round's batch and runs
+    ``local_steps`` SGD steps from it (``x <- x - lr g_i(x)``; with ``heavy_ball > 0``
+    local heavy-ball SGD whose buffer starts at zero every round): the first step on
+    the round's batch, every further step on a fresh batch.  The clients send their
+    local models through ``deliver`` (kind ``"model"``); model k becomes the mean of
+    the admissible received models (finite squared norm, as in
+    :func:`defenses.threshold_clustering.admissible_points`) of the clients that
+    picked k.  A model nobody picked, or whose clients all sent inadmissible models,
+    stays unchanged, so no NaN, Inf or overflowing row ever becomes a cluster model.
+
+    With ``local_steps = 1`` this is Option I with plain SGD: the mean of
+    ``x_k - lr g_i`` is ``x_k - lr mean g_i``.  The record's ``updates`` are the
+    per-cluster pseudo-gradients ``(x_k^old - x_k^new) / lr`` (Option I's mean
+    gradient when ``local_steps = 1``); ``gradients`` are the honest first-step
+    gradients at the picked models.
+    """
+
+    name = "ifca_model_avg"
+    summary = "IFCA: K models, each client picks its lowest-loss model, local SGD, model averaging"
+    reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option II"
+    Params = IFCAModelAveragingParams
+
+    def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
+        return admissible_group_mean(messages, self.assignment, self.models.shape[0])
+
+    def step(self, round_index: int) -> RoundRecord:
+        fed = self.federation
+        batch = fed.sample_batch()
+        self._choose(batch)
+        local = self.models[self.assignment]  # a copy: one row per client
+        optimizer = HeavyBall(self.params.lr, self.params.heavy_ball, local)
+        first = fed.gradients(local, batch)
+        optimizer.apply(local, first)
+        for _ in range(self.params.local_steps - 1):
+            optimizer.apply(local, fed.gradients(local, fed.sample_batch()))
+        received = fed.deliver(local, round_index, "model", defense_state=self._defense_state())
+        means, sizes = self._cluster_means(received)
+        active = (sizes > 0) & admissible_points(means)
+        previous = self.models.clone()
+        self.models[active] = means[active]
+        return self._record(round_index, first, (previous - self.models) / self.params.lr)
+
+
+def admissible_group_mean(messages: Tensor, groups: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """Mean of the admissible rows of ``messages[..., N, d]`` within each group id in
+    ``[0, count)``: ``(means[..., count, d], sizes[..., count])``, ``sizes`` counting
+    admissible rows only; groups without one get a zero mean.  Batched over leading
+    dimensions (an attack's probe), unlike ``group_mean``'s ``include``."""
+    admissible = admissible_points(messages)  # [..., N]
+    onehot = torch.nn.functional.one_hot(groups, count).to(messages.dtype).T  # [count, N]
+    weights = onehot * admissible.unsqueeze(-2).to(messages.dtype)  # [..., count, N]
+    clean = torch.where(admissible.unsqueeze(-1), messages, torch.zeros_like(messages))
+    sizes = weights.sum(-1)
+    return (weights @ clean) / sizes.clamp_min(1).unsqueeze(-1), sizes

@@ -34,7 +34,7 @@ def parameters_of(cls: type) -> tuple[tuple[str, str], ...]:
             default = "required" if info.default is PydanticUndefined and info.default_factory is None else (
                 info.default_factory() if info.default is PydanticUndefined else info.default
             )
-            rows.append((name, _text(default, info.description)))
+            rows.append((info.alias or name, _text(default, info.description)))
         return tuple(rows)
     if dataclasses.is_dataclass(cls):
         rows = []

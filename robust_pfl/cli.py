@@ -25,9 +25,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _reproduce(args: argparse.Namespace) -> int:
+    out = Path(args.out) if args.out else Path("results") / args.figure
+    if args.figure == "table1":
+        from robust_pfl.recipes import table1
+
+        table1.main(out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition)
+        return 0
+    if args.data_dir is not None:
+        print("error: --data-dir applies to table1 only (fig3 uses synthetic data)", file=sys.stderr)
+        return 2
     from robust_pfl.recipes import fig3
 
-    out = Path(args.out) if args.out else Path("results") / args.figure
     fig3.main(out, quick=args.quick, seeds=args.seeds)
     return 0
 
@@ -72,10 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output directory (default results/<config name>)")
     run.set_defaults(handler=_run)
     reproduce = commands.add_parser("reproduce", help="reproduce a figure of Werner et al.")
-    reproduce.add_argument("figure", choices=["fig3"])
+    reproduce.add_argument("figure", choices=["fig3", "table1"])
+    reproduce.add_argument(
+        "--data-dir", default=None,
+        help="table1: directory of the MNIST IDX files (default: the embedded digits, no download)",
+    )
+    reproduce.add_argument(
+        "--partition", choices=["official", "fixed"], default="official",
+        help="table1: official dealing rule (default) or seeded random shards",
+    )
     reproduce.add_argument("--out", help="output directory (default results/<figure>)")
     reproduce.add_argument("--quick", action="store_true", help="fewer rounds, grid points and seeds")
-    reproduce.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
+    reproduce.add_argument("--seeds", type=int, default=None, help="number of seeds (fig3: default 3, quick 1; table1: 1)")
     reproduce.set_defaults(handler=_reproduce)
     table = commands.add_parser("attack-table", help="attack x defense table on synthetic data (resumable)")
     table.add_argument("--out", help="output directory (default results/attack_table)")

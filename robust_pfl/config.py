@@ -11,9 +11,18 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from robust_pfl.placement import ByzantinePlacement
 
@@ -40,6 +49,57 @@ class SyntheticTaskConfig(_Strict):
     scale: float = Field(100.0, gt=0)
     optimum: Literal["binary", "gaussian"] = "binary"
     noise: float = Field(0.0, ge=0)
+
+
+class ImageTaskConfig(_Strict):
+    """Clustered image classification (Werner et al. Sec. 4.2, Table 1; issue tasks):
+    see :class:`robust_pfl.tasks.images.ImageTask` for every field."""
+
+    name: Literal["image"]
+    dataset: Literal["digits", "mnist", "fashion_mnist", "cifar10", "cifar100"] = "digits"
+    data_dir: str | None = Field(None, description="directory of the data files (else $ROBUST_PFL_DATA)")
+    kind: Literal["rotation", "private_label", "label_skew", "mixture", "dirichlet"] = "rotation"
+    clusters: int = Field(4, ge=1)
+    clients_per_cluster: int = Field(10, ge=1)
+    train_per_client: int | None = Field(None, ge=1)
+    validation_per_client: int | None = Field(None, ge=1)
+    test_per_client: int | None = Field(None, ge=1)
+    validation_fraction: float = Field(0.1, gt=0, lt=1)
+    partition: Literal["fixed", "official"] = "fixed"
+    model: dict[str, Any] = Field(default_factory=lambda: {"name": "mlp", "hidden": [200]})
+    normalize: Literal["none", "mnist", "per_channel"] | None = None
+    rotation_step: int = Field(1, ge=1, le=3)
+    mixture_weight: float = Field(0.8, ge=0, le=1)
+    labels_per_cluster: int | None = Field(None, ge=1)
+    dirichlet_alpha: float = Field(0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _builder_accepts(self) -> "ImageTaskConfig":
+        try:
+            self.builder()
+        except ValueError as error:
+            raise ValueError(f"task: {error}") from None
+        return self
+
+    def builder(self):
+        """The :class:`~robust_pfl.tasks.images.ImageTask` these fields describe."""
+        from robust_pfl.tasks.images import ImageTask
+
+        return ImageTask(**self.model_dump(exclude={"name"}))
+
+
+def _task_name(value: Any) -> str:
+    """The task kind; a table without ``name`` is the synthetic task (the default)."""
+    if isinstance(value, dict):
+        return value.get("name", "synthetic_linear")
+    return getattr(value, "name", "synthetic_linear")
+
+
+TASK_TAGS = ("synthetic_linear", "image")
+TaskConfig = Annotated[
+    Union[Annotated[SyntheticTaskConfig, Tag("synthetic_linear")], Annotated[ImageTaskConfig, Tag("image")]],
+    Discriminator(_task_name, custom_error_type="task_name", custom_error_message="task.name must be 'synthetic_linear' or 'image'"),
+]
 
 
 class ByzantineConfig(_Strict):
@@ -99,7 +159,7 @@ class ExperimentConfig(_Strict):
     batch_size: int | None = Field(None, ge=1, description="None: full local data")
     device: str = "cpu"
     dtype: Literal["float32", "float64"] = "float32"
-    task: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig)
+    task: TaskConfig = Field(default_factory=SyntheticTaskConfig)
     byzantine: ByzantineConfig = Field(default_factory=ByzantineConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     methods: list[MethodConfig] = Field(min_length=1)
@@ -131,7 +191,10 @@ class ExperimentConfig(_Strict):
 def format_validation_error(error: ValidationError, source: str) -> str:
     lines = [f"invalid config {source}:"]
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = [str(part) for part in item["loc"]]
+        if loc[:1] == ["task"] and loc[1:2] and loc[1] in TASK_TAGS:
+            loc.pop(1)  # the union's tag, not a field the user wrote
+        where = ".".join(loc) or "(top level)"
         lines.append(f"  {where}: {item['msg']}")
     return "\n".join(lines)
 

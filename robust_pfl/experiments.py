@@ -4,6 +4,7 @@ core, ``attacks`` and ``defenses`` together."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -13,7 +14,8 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
-from robust_pfl.config import ConfigError, ExperimentConfig, MethodConfig
+from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, MethodConfig
+from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.results import ResultTable, write_results
@@ -49,18 +51,31 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
     labels = [m.display for m in config.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"methods: labels must be unique, got {labels} (set 'label')")
+    if isinstance(config.task, ImageTaskConfig):
+        try:  # missing or corrupt data fails here, before any work
+            _dataset(config.task.dataset, config.task.data_dir)
+        except DatasetError as error:
+            raise ConfigError(f"task.data_dir: {error}") from None
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device: {config.device!r} requested but CUDA is not available")
     return config
 
 
 def build_task(config: ExperimentConfig, seed: int) -> Task:
+    """The task of ``config`` for ``seed`` (image data sets are loaded once per
+    process and shared by all seeds)."""
+    placement = config.byzantine.placement()
+    if isinstance(config.task, ImageTaskConfig):
+        builder = config.task.builder()
+        data = _dataset(builder.dataset, builder.data_dir)
+        return builder.build(seed, placement=placement, dtype=DTYPES[config.dtype], data=data)
     spec = config.task.model_dump(exclude={"name"})
-    return SyntheticLinearRegression(**spec).build(
-        seed,
-        dtype=DTYPES[config.dtype],
-        placement=config.byzantine.placement(),
-    )
+    return SyntheticLinearRegression(**spec).build(seed, dtype=DTYPES[config.dtype], placement=placement)
+
+
+@functools.lru_cache(maxsize=2)
+def _dataset(name: str, data_dir: str | None) -> LabelledImages:
+    return load_dataset(name, data_dir)
 
 
 def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federation:

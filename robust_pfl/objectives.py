@@ -10,6 +10,11 @@ three batched evaluations that the algorithms need:
   client ``j`` (Federated-Clustering, Alg. 2 step 5);
 * ``cross_losses(P[M, d], batch)``: ``f_j(x_m)`` (IFCA's cluster choice).
 
+It also offers the prediction API that evaluation and model-based baselines (Ditto,
+KNN-Per, accuracy metrics) code against: ``outputs`` / ``features`` of one model, and
+their batched forms ``paired_outputs`` / ``paired_features`` / ``paired_accuracy``,
+evaluated in chunks of samples so that a client's whole test split fits in memory.
+
 The base class implements them with ``torch.func`` (``vmap`` over ``grad``), which is
 exact for any loss written with torch operations.  :class:`DenseNetwork` overrides
 them with a hand-written batched backward pass that turns the per-client work into a
@@ -32,9 +37,16 @@ LossKind = Literal["mse", "cross_entropy", "softmax_nll"]
 
 
 class Objective:
-    """A loss ``f(x; batch)`` on flat parameters, with batched gradient evaluations."""
+    """A loss ``f(x; batch)`` on flat parameters, with batched gradient evaluations.
+
+    Classification objectives also implement :meth:`outputs` and :meth:`features`
+    (one model); the batched ``paired_*`` predictions then work unchanged.
+    """
 
     dim: int
+    #: Default bound on the (client, sample) rows evaluated at once by the batched
+    #: predictions (``chunk=None``); subclasses with cheap rows raise it.
+    eval_rows: int = 2048
 
     def loss(self, params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
         """Mean loss of one flat parameter vector ``params[d]`` on one client's batch."""
@@ -67,6 +79,68 @@ class Objective:
     def paired_losses(self, params: Tensor, batch: Batch) -> Tensor:
         """``f_i(x_i)`` for all clients: ``[N]``."""
         return vmap(self.loss)(params, batch.inputs, batch.targets)
+
+    # -- predictions ------------------------------------------------------------------
+    def outputs(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """Network output (logits) ``[b, C]`` of one flat ``params[d]`` on ``inputs[b, ...]``."""
+        raise NotImplementedError(f"{type(self).__name__} has no network outputs")
+
+    def features(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """Penultimate representation ``[b, F]`` (the input of the last linear layer;
+        the flattened input for a network without hidden layer)."""
+        raise NotImplementedError(f"{type(self).__name__} has no features")
+
+    def paired_outputs(self, params: Tensor, batch: Batch, chunk: int | None = None) -> Tensor:
+        """Outputs of model ``i`` on client ``i``'s inputs: ``params[N, d]`` -> ``[N, b, C]``.
+
+        ``chunk``: samples per client evaluated at once (``None``: at most
+        :attr:`eval_rows` client-sample rows per pass, at least one sample per client).
+        """
+        return self._over_sample_chunks(self._paired_outputs, params, batch.inputs, chunk)
+
+    def paired_features(self, params: Tensor, batch: Batch, chunk: int | None = None) -> Tensor:
+        """Features of model ``i`` on client ``i``'s inputs: ``[N, b, F]`` (``chunk`` as in
+        :meth:`paired_outputs`)."""
+        return self._over_sample_chunks(self._paired_features, params, batch.inputs, chunk)
+
+    def paired_accuracy(self, params: Tensor, batch: Batch, chunk: int | None = None) -> Tensor:
+        """Fraction of client ``i``'s samples with ``argmax outputs == target`` under model
+        ``i``: ``[N]`` in ``params.dtype`` (``chunk`` as in :meth:`paired_outputs`; only
+        the predicted classes are kept between chunks)."""
+
+        def predictions(rows: Tensor, inputs: Tensor) -> Tensor:
+            return self._paired_outputs(rows, inputs).argmax(-1)
+
+        predicted = self._over_sample_chunks(predictions, params, batch.inputs, chunk)
+        targets = batch.targets.to(predicted.device).long()
+        return (predicted == targets).to(params.dtype).mean(-1)
+
+    def _paired_outputs(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """:meth:`outputs` of ``params[N, d]`` on ``inputs[N, c, ...]`` in one pass."""
+        return vmap(self.outputs)(params, inputs)
+
+    def _paired_features(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """:meth:`features` of ``params[N, d]`` on ``inputs[N, c, ...]`` in one pass."""
+        return vmap(self.features)(params, inputs)
+
+    def _over_sample_chunks(
+        self,
+        evaluate: Callable[[Tensor, Tensor], Tensor],
+        params: Tensor,
+        inputs: Tensor,
+        chunk: int | None,
+    ) -> Tensor:
+        """``evaluate(params, inputs[:, s:s+chunk])`` over consecutive sample chunks,
+        concatenated along the sample dimension (a loop over chunks, never clients)."""
+        clients, samples = inputs.shape[:2]
+        if chunk is None:
+            chunk = max(1, self.eval_rows // max(clients, 1))
+        elif chunk < 1:
+            raise ValueError(f"chunk must be a positive number of samples, got {chunk}")
+        if chunk >= samples:
+            return evaluate(params, inputs)
+        parts = [evaluate(params, inputs[:, start : start + chunk]) for start in range(0, samples, chunk)]
+        return torch.cat(parts, dim=1)
 
 
 @dataclass(frozen=True)
@@ -151,18 +225,32 @@ class DenseNetwork(Objective):
         return out
 
     # -- reference (single model, single client) ---------------------------------------
-    def forward(self, params: Tensor, inputs: Tensor) -> Tensor:
-        """Network output for one flat ``params[d]`` on ``inputs[b, ...]``."""
+    def _features_and_outputs(self, params: Tensor, inputs: Tensor) -> tuple[Tensor, Tensor]:
+        """Last layer's input ``[b, F]`` and the output ``[b, out]`` for one flat
+        ``params[d]`` on ``inputs[b, ...]`` (every sample flattened)."""
         a = inputs.reshape(inputs.shape[0], -1)
-        for index, layer in enumerate(self.layers):
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers[:last]):
             w, b = self._unflatten(params, layer)
-            a = a @ w.T + b
-            if index < len(self.layers) - 1:
-                a = torch.relu(a)
-        return a
+            a = torch.relu(a @ w.T + b)
+        w, b = self._unflatten(params, self.layers[last])
+        return a, a @ w.T + b
+
+    def outputs(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """Network output for one flat ``params[d]`` on ``inputs[b, ...]``: ``[b, out]``."""
+        return self._features_and_outputs(params, inputs)[1]
+
+    def features(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """Last hidden layer's activation ``[b, hidden[-1]]`` (the flattened input
+        ``[b, in]`` when ``hidden=()``)."""
+        return self._features_and_outputs(params, inputs)[0]
+
+    def forward(self, params: Tensor, inputs: Tensor) -> Tensor:
+        """Alias of :meth:`outputs` (the original name)."""
+        return self.outputs(params, inputs)
 
     def loss(self, params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
-        out = self.forward(params, inputs)
+        out = self.outputs(params, inputs)
         return _loss_from_outputs(out, targets, self.loss_kind).mean()
 
     # -- batched fast path -------------------------------------------------------------
@@ -189,6 +277,19 @@ class DenseNetwork(Objective):
         )
         per_sample = _loss_from_outputs(out, y, self.loss_kind)
         return per_sample.reshape(out.shape[0], n, b).mean(-1)
+
+    # A row costs a few activation vectors: evaluate many clients' samples per pass.
+    eval_rows = 16384
+
+    def _paired_outputs(self, params: Tensor, inputs: Tensor) -> Tensor:
+        if self.engine == "func":
+            return super()._paired_outputs(params, inputs)
+        return self._forward_rows(params, inputs.reshape(*inputs.shape[:2], -1))[-1]
+
+    def _paired_features(self, params: Tensor, inputs: Tensor) -> Tensor:
+        if self.engine == "func":
+            return super()._paired_features(params, inputs)
+        return self._forward_rows(params, inputs.reshape(*inputs.shape[:2], -1))[-2]
 
     def _forward_rows(self, params: Tensor, x: Tensor) -> list[Tensor]:
         """Activations for ``params[M, d]`` on rows ``x[M or 1, R, in]``.
