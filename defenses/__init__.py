@@ -1,7 +1,9 @@
 """Defenses: aggregators and personalised-FL algorithms, registered by name.
 
 The threshold-clustering family of Werner et al. ("Provably Personalized and Robust
-Federated Learning") comes first (Alg. 1-4), then the baselines it is compared with.
+Federated Learning") comes first (Alg. 1-4), then the baselines it is compared with;
+the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clipping,
+bucketing) live in :mod:`defenses.robust_aggregators` and plug into ``global``.
 """
 
 from defenses.base import REGISTRY, Algorithm, AlgorithmParams, HeavyBall, build, register
@@ -13,10 +15,25 @@ from defenses.radius import (
     TheoryRadius,
     make_radius,
 )
+from defenses.robust_aggregators import (
+    AGGREGATORS,
+    Aggregator,
+    Bucketing,
+    CenteredClipping,
+    CoordinateMedian,
+    GeometricMedian,
+    Krum,
+    Mean,
+    MultiKrum,
+    TrimmedMean,
+    make_aggregator,
+)
+from defenses.robust_aggregators import describe as describe_aggregator
+from defenses.robust_aggregators import register as register_aggregator
 from defenses.threshold_clustering import ClusteringResult, nearest_centre, threshold_clustering
 
 # Importing the modules registers their algorithms (imported for that side effect).
-from defenses import baselines, clustering_algorithms, ifca  # noqa: E402,F401  isort: skip
+from defenses import baselines, clustering_algorithms, ditto, ifca, knn_per  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "REGISTRY",
@@ -34,4 +51,17 @@ __all__ = [
     "QuantileRadius",
     "CenterDistanceRadius",
     "make_radius",
+    "AGGREGATORS",
+    "Aggregator",
+    "make_aggregator",
+    "register_aggregator",
+    "describe_aggregator",
+    "Mean",
+    "CoordinateMedian",
+    "TrimmedMean",
+    "Krum",
+    "MultiKrum",
+    "GeometricMedian",
+    "CenteredClipping",
+    "Bucketing",
 ]
