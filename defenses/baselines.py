@@ -1,12 +1,16 @@
-"""Reference baselines of Werner et al. Sec. 4: Local, Global (FedAvg) and GroundTruth
-(oracle clusters)."""
+"""Reference baselines of Werner et al. Sec. 4: Local, Global (FedAvg, optionally with a
+classic robust aggregator) and GroundTruth (oracle clusters)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Any
+
+import torch
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, group_mean, register
+from defenses.robust_aggregators import make_aggregator
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -32,26 +36,62 @@ class Local(Algorithm):
         return self.models
 
 
+class GlobalParams(AlgorithmParams):
+    aggregator: str | dict[str, Any] = Field(
+        "mean",
+        description="how the server combines the received gradients: a name (mean, median, "
+        "trimmed_mean, krum, ...) or {name = ..., options}; see defenses.robust_aggregators",
+    )
+
+    @field_validator("aggregator")
+    @classmethod
+    def _valid_aggregator(cls, value: Any) -> Any:
+        make_aggregator(value)  # raises ValueError naming the bad field
+        return value
+
+
 @register
 class Global(Algorithm):
-    """FedAvg with gradient averaging: one shared model, ``x -= eta * mean_j g_j(x)``
-    over all received gradients (Byzantine ones included: this is the undefended
-    baseline of Fig. 6)."""
+    """FedAvg with gradient averaging: one shared model, ``x -= eta * agg_j g_j(x)``.
+
+    ``agg`` is ``params.aggregator``: the default ``mean`` (over all received
+    gradients, Byzantine ones included; only non-finite or overflowing rows are
+    dropped) is the undefended baseline of Fig. 6; a robust aggregator (median,
+    trimmed mean, Krum, geometric median, centered clipping, bucketing) makes it the
+    classic Byzantine-robust, non-personalised baseline.  The aggregator gets the
+    previous round's aggregate (centered clipping starts there) and its own seeded
+    stream ``"global-aggregator"`` (bucketing's permutations).  Adaptive attacks can
+    probe it through ``defense_state["aggregate"]``: messages ``[..., N, d]`` ->
+    ``[..., 1, d]``, drawn with the random numbers the server is about to use (a copy
+    of its stream: probing never changes the run).
+    """
 
     name = "global"
-    summary = "FedAvg: one shared model, mean of all received gradients"
+    summary = "one shared model; received gradients combined by `aggregator` (default mean: FedAvg)"
+    Params = GlobalParams
 
-    def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
+    def __init__(self, federation: Federation, params: GlobalParams) -> None:
         super().__init__(federation, params)
+        self.aggregator = make_aggregator(params.aggregator)
+        self.aggregator.check(federation.clients)
         self.model = federation.init_params(1)
         self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.model)
+        self.previous: Tensor | None = None
+        self._rng = federation.rng("global-aggregator")
+
+    def _probe(self, messages: Tensor) -> Tensor:
+        """The aggregate the server would compute from ``messages``, ``[..., 1, d]``."""
+        copy = torch.Generator(device=self._rng.device)
+        copy.set_state(self._rng.get_state())
+        return self.aggregator(messages, self.previous, copy).unsqueeze(-2)
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
         shared = self.model.expand(fed.clients, -1)
         grads = fed.gradients(shared, fed.sample_batch())
-        received = fed.deliver(grads, round_index, "gradient")
-        update = received.mean(dim=0, keepdim=True)
+        received = fed.deliver(grads, round_index, "gradient", defense_state={"aggregate": self._probe})
+        update = self.aggregator(received, self.previous, self._rng).unsqueeze(0)
+        self.previous = update[0]
         self.optimizer.apply(self.model, update)
         return RoundRecord(round_index, gradients=grads, updates=update.expand(fed.clients, -1))
 
@@ -84,8 +124,12 @@ class GroundTruth(Algorithm):
         fed = self.federation
         at_own_cluster = self.models[fed.cluster_ids]
         grads = fed.gradients(at_own_cluster, fed.sample_batch())
-        received = fed.deliver(grads, round_index, "gradient")
         include = fed.honest if self.params.exclude_byzantine else None
+
+        def aggregate(messages: Tensor) -> Tensor:
+            return group_mean(messages, fed.cluster_ids, fed.clusters, include)[0][..., fed.cluster_ids, :]
+
+        received = fed.deliver(grads, round_index, "gradient", defense_state={"aggregate": aggregate})
         means, sizes = group_mean(received, fed.cluster_ids, fed.clusters, include)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))

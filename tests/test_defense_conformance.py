@@ -2,7 +2,9 @@
 ``check_estimator``).
 
 Every test is parametrised over ``sorted(defenses.REGISTRY)``, so an algorithm added to
-the registry is checked automatically.  The checks are the contract of
+the registry is checked automatically; ``global`` is also run with every registered
+robust aggregator (cases ``global:<aggregator>``, default options), so an aggregator
+added to ``defenses.AGGREGATORS`` is checked inside a training run too.  The checks are the contract of
 :class:`defenses.base.Algorithm` (ARCHITECTURE.md, "Codebases worth imitating"):
 
 * shapes: ``client_models()`` is ``[N, d]`` in the federation's dtype; ``step(t)``
@@ -19,6 +21,7 @@ the registry is checked automatically.  The checks are the contract of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -27,12 +30,17 @@ import torch
 
 import attacks
 import defenses
-from defenses import REGISTRY
+from robust_pfl.data import ClientData
+from robust_pfl.objectives import logistic_regression
+from defenses import AGGREGATORS, REGISTRY
 from robust_pfl import Federation, RoundRecord
 from robust_pfl.tasks import SyntheticLinearRegression
 from robust_pfl.types import AttackContext
 
 ALGORITHMS = sorted(REGISTRY)
+# method case -> (registered algorithm, extra options); plain names map to themselves
+AGGREGATED = {f"global:{a}": ("global", {"aggregator": a}) for a in sorted(AGGREGATORS) if a != "mean"}
+METHODS = ALGORITHMS + sorted(AGGREGATED)
 
 CLUSTERS = 2
 CLIENTS_PER_CLUSTER = 3
@@ -41,7 +49,36 @@ DIM = 5
 ROUNDS = 4
 
 
-def make_task(seed: int, byzantine_total: int = BYZANTINE, dtype: torch.dtype = torch.float64):
+def needs_classes(method: str) -> bool:
+    return getattr(REGISTRY[algorithm_of(method)], "requires_classification", False)
+
+
+def as_classification(task, classes: int = 2):
+    """The same inputs and clusters, labels ``y > 0`` (2 classes), logistic regression."""
+
+    def labels(data):
+        return ClientData(data.inputs, (data.targets > 0).long())
+
+    return dataclasses.replace(
+        task,
+        objective=logistic_regression(DIM, classes),
+        train=labels(task.train),
+        validation=labels(task.validation),
+        test=labels(task.test),
+        optima=None,
+        num_classes=classes,
+    )
+
+
+def make_task(
+    seed: int, byzantine_total: int = BYZANTINE, dtype: torch.dtype = torch.float64, method: str | None = None
+):
+    """The regression task, or its classification twin for methods that need classes."""
+    task = _make_task(seed, byzantine_total, dtype)
+    return as_classification(task) if method is not None and needs_classes(method) else task
+
+
+def _make_task(seed: int, byzantine_total: int = BYZANTINE, dtype: torch.dtype = torch.float64):
     return SyntheticLinearRegression(
         clusters=CLUSTERS,
         clients_per_cluster=CLIENTS_PER_CLUSTER,
@@ -55,15 +92,27 @@ def make_task(seed: int, byzantine_total: int = BYZANTINE, dtype: torch.dtype = 
 
 def make_federation(task, seed: int, attack=None) -> Federation:
     # batch_size < samples_per_client, so the batch stream is genuinely random
-    return Federation(task.objective, task.train, task.cluster_ids, task.byzantine, seed, 4, attack)
+    return Federation(
+        task.objective, task.train, task.cluster_ids, task.byzantine, seed, 4, attack, num_classes=task.num_classes
+    )
+
+
+def algorithm_of(method: str) -> str:
+    """The registered algorithm of a method case (``global:median`` -> ``global``)."""
+    return AGGREGATED.get(method, (method, {}))[0]
+
+
+def build_method(method: str, fed: Federation, options: dict[str, Any]):
+    return defenses.build(algorithm_of(method), fed, options)
 
 
 def options_for(name: str, randomised: bool = False) -> dict[str, Any]:
     """Small learning rate; a permissive quantile radius where the algorithm has one.
     ``randomised`` also switches on the options that draw random numbers of their own
-    (FC's random subgroups, random-client centre seeding), where they exist."""
-    fields = REGISTRY[name].Params.model_fields
-    options: dict[str, Any] = {"lr": 1e-3}
+    (FC's random subgroups, random-client centre seeding), where they exist.  A
+    ``global:<aggregator>`` case adds its aggregator."""
+    fields = REGISTRY[algorithm_of(name)].Params.model_fields
+    options: dict[str, Any] = {"lr": 1e-3, **AGGREGATED.get(name, (name, {}))[1]}
     if "radius" in fields:
         options["radius"] = {"policy": "quantile", "q": 0.5}
     if randomised:
@@ -76,9 +125,9 @@ def options_for(name: str, randomised: bool = False) -> dict[str, Any]:
 
 def run(name: str, seed: int = 0, attack=None, byzantine_total: int = BYZANTINE,
         dtype: torch.dtype = torch.float64, rounds: int = ROUNDS, randomised: bool = False):
-    task = make_task(seed, byzantine_total, dtype)
+    task = make_task(seed, byzantine_total, dtype, method=name)
     fed = make_federation(task, seed, attack)
-    algo = defenses.build(name, fed, options_for(name, randomised))
+    algo = build_method(name, fed, options_for(name, randomised))
     records = [algo.step(t) for t in range(rounds)]
     return fed, algo, records
 
@@ -109,11 +158,11 @@ def test_registry_is_not_empty_and_keys_match_names():
 
 
 # -- shapes ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_shapes_and_round_records(name):
-    task = make_task(0)
+    task = make_task(0, method=name)
     fed = make_federation(task, 0, attacks.LargeGradient())
-    algo = defenses.build(name, fed, options_for(name))
+    algo = build_method(name, fed, options_for(name))
     n, d = fed.clients, task.objective.dim
     assert n == CLUSTERS * CLIENTS_PER_CLUSTER + BYZANTINE
 
@@ -136,7 +185,7 @@ def test_shapes_and_round_records(name):
             assert record.centres.dim() == 2 and record.centres.shape[1] == d
             if record.assignment is not None:
                 assert int(record.assignment.max()) < record.centres.shape[0]
-        if REGISTRY[name].forms_clusters:
+        if REGISTRY[algorithm_of(name)].forms_clusters:
             assert record.assignment is not None, "forms_clusters but no assignment reported"
         models = algo.client_models()
         assert models.shape == (n, d)
@@ -144,20 +193,20 @@ def test_shapes_and_round_records(name):
 
 
 # -- construction-time validation ---------------------------------------------------------
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 @pytest.mark.parametrize("bad, field", [({"lr": 0.0}, "lr"), ({"lr": -1.0}, "lr"),
                                         ({"heavy_ball": 1.0}, "heavy_ball"),
                                         ({"no_such_option": 1}, "no_such_option")])
 def test_bad_parameters_rejected_naming_the_field(name, bad, field):
-    fed = make_federation(make_task(0), 0)
+    fed = make_federation(make_task(0, method=name), 0)
     with pytest.raises(ValueError) as info:
-        defenses.build(name, fed, {**options_for(name), **bad})
+        build_method(name, fed, {**options_for(name), **bad})
     assert field in str(info.value)
 
 
 # -- determinism ----------------------------------------------------------------------------
 @pytest.mark.parametrize("randomised", [False, True], ids=["defaults", "randomised-options"])
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_same_seed_gives_bit_identical_runs(name, randomised):
     # the attack draws from its own seeded stream: it must be reproducible too
     _, first, records_a = run(name, seed=3, attack=attacks.LargeGradient(), randomised=randomised)
@@ -170,7 +219,7 @@ def test_same_seed_gives_bit_identical_runs(name, randomised):
             assert torch.equal(ta[key], tb[key]), key
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_different_seed_gives_different_run(name):
     _, first, _ = run(name, seed=0)
     _, second, _ = run(name, seed=1)
@@ -178,9 +227,9 @@ def test_different_seed_gives_different_run(name):
 
 
 # -- no mutation ----------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_federation_data_not_mutated(name):
-    task = make_task(0)
+    task = make_task(0, method=name)
     before = {
         "train.inputs": task.train.inputs.clone(),
         "train.targets": task.train.targets.clone(),
@@ -188,7 +237,7 @@ def test_federation_data_not_mutated(name):
         "byzantine": task.byzantine.clone(),
     }
     fed = make_federation(task, 0, attacks.LargeGradient())
-    algo = defenses.build(name, fed, options_for(name))
+    algo = build_method(name, fed, options_for(name))
     for t in range(ROUNDS):
         algo.step(t)
     after = {
@@ -203,13 +252,13 @@ def test_federation_data_not_mutated(name):
     assert torch.equal(task.train.targets, before["train.targets"])
 
 
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_round_records_are_snapshots(name):
     """A record returned by step(t) is not changed by later rounds (theory checks and
     metrics collect records over time)."""
-    task = make_task(0)
+    task = make_task(0, method=name)
     fed = make_federation(task, 0, attacks.LargeGradient())
-    algo = defenses.build(name, fed, options_for(name))
+    algo = build_method(name, fed, options_for(name))
     first = algo.step(0)
     frozen = {k: v.clone() for k, v in record_tensors(first).items()}
     assert frozen, "step() reported no tensor at all"
@@ -231,7 +280,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("hostile", sorted(HOSTILE))
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_hostile_byzantine_rows_never_reach_honest_models(name, hostile, dtype):
     # 1e38 overflows squared norms and sums in float32: the interesting case
     fed, algo, records = run(name, seed=0, attack=HOSTILE[hostile](), dtype=dtype, rounds=6)
@@ -245,7 +294,7 @@ def test_hostile_byzantine_rows_never_reach_honest_models(name, hostile, dtype):
 
 
 # -- honest-only invariant ------------------------------------------------------------------
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize("name", METHODS)
 def test_without_byzantine_clients_the_attack_is_never_called(name):
     spy = SpyAttack()
     fed_spy, with_spy, records_spy = run(name, seed=1, attack=spy, byzantine_total=0)

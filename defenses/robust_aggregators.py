@@ -1,0 +1,565 @@
+"""Classic Byzantine-robust aggregators as pure, batched functions.
+
+An aggregator maps messages ``[..., N, d]`` (leading dimensions are independent
+problems) to one vector per problem, ``[..., d]``::
+
+    agg = make_aggregator({"name": "trimmed_mean", "f": 2})
+    agg.check(N)                                  # refuses an impossible N up front
+    out = agg(messages, previous=last, generator=rng)
+
+Aggregators are frozen dataclasses, validated at construction (a bad value raises
+``ValueError`` naming ``<aggregator>.<field>`` and the allowed values), registered in
+:data:`AGGREGATORS` by ``name``.  ``previous`` (last round's aggregate) is used by
+centered clipping and ``generator`` by bucketing; the others ignore them.
+
+Robustness rule (shared with :mod:`defenses.threshold_clustering`): a row with a
+non-finite coordinate or a non-finite squared norm (e.g. rows of ``1e38`` in float32)
+is *inadmissible* and dropped before aggregating, i.e. treated as absent.  Counts
+such as ``n`` in the trimmed mean or Krum then refer to the admissible rows of each
+problem; where dropping leaves too few rows for the configured ``f``, ``f`` is reduced
+to the largest value the admissible count supports (with admissible honest rows, a
+dropped row is a Byzantine one, and the reduced ``f`` still covers the Byzantine rows
+left, so the guarantee is kept).  Aggregators never raise on NaN,
++-Inf or overflowing rows; the output is finite whenever a problem has at least one
+admissible row, and a problem without any returns ``previous`` (when it is given and
+admissible) or zeros.  The variable number of admissible rows per problem is handled
+with masks (inadmissible rows sort last, get zero weight or infinite distance), never
+with a Python loop over clients or problems.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, NamedTuple, Union
+
+import torch
+from torch import Tensor
+
+from defenses.threshold_clustering import admissible_points
+
+
+# -- masked statistics shared by every aggregator -----------------------------------------
+class Rows(NamedTuple):
+    """Messages prepared for aggregation: ``values[..., N, d]`` with inadmissible rows
+    zeroed, ``admissible[..., N]`` and the admissible ``count[...]`` (int64)."""
+
+    values: Tensor
+    admissible: Tensor
+    count: Tensor
+
+    @classmethod
+    def of(cls, messages: Tensor) -> "Rows":
+        admissible = admissible_points(messages)
+        values = torch.where(admissible.unsqueeze(-1), messages, torch.zeros_like(messages))
+        return cls(values, admissible, admissible.sum(-1))
+
+
+def _weighted_sum(values: Tensor, weights: Tensor) -> Tensor:
+    """``sum_j weights[..., j] * values[..., j, :]`` by one batched product."""
+    return (weights.to(values.dtype).unsqueeze(-2) @ values).squeeze(-2)
+
+
+def _per_problem(count: Tensor, like: Tensor) -> Tensor:
+    """``count[...]`` as ``like``'s dtype, shaped ``[..., 1]`` to divide ``[..., d]``."""
+    return count.clamp_min(1).to(like.dtype).unsqueeze(-1)
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """Mean of the rows where ``mask[..., N]`` (zeros where no row is selected).
+    Selecting one row returns it exactly (the other rows add exact zeros)."""
+    return _weighted_sum(values, mask) / _per_problem(mask.sum(-1), values)
+
+
+def _sorted_columns(rows: Rows) -> Tensor:
+    """Every coordinate sorted over the rows, inadmissible rows (as ``+inf``) last."""
+    inf = torch.full_like(rows.values, math.inf)
+    return torch.where(rows.admissible.unsqueeze(-1), rows.values, inf).sort(dim=-2).values
+
+
+def _mean_of_order_statistics(ordered: Tensor, count: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """Per coordinate, the mean of the order statistics at positions ``[low, high)``
+    (of the ``count`` admissible ones) of ``ordered[..., N, d]``; zeros where the
+    range is empty."""
+    position = torch.arange(ordered.shape[-2], device=ordered.device).unsqueeze(-1)  # [N, 1]
+    low, high = low.clamp_min(0), torch.minimum(high, count)
+    keep = (position >= low[..., None, None]) & (position < high[..., None, None])
+    total = torch.where(keep, ordered, torch.zeros_like(ordered)).sum(-2)
+    return total / _per_problem(high - low, ordered)
+
+
+def coordinate_median(rows: Rows) -> Tensor:
+    """Coordinate-wise *statistical* median of the admissible rows: for an even count,
+    the average of the two middle values (as ``numpy.median``; not torch's lower
+    median).  Zeros for a problem without admissible rows."""
+    count = rows.count
+    return _mean_of_order_statistics(_sorted_columns(rows), count, (count - 1) // 2, count // 2 + 1)
+
+
+def row_norms(x: Tensor) -> Tensor:
+    """Euclidean norms of the rows of ``x[..., N, d]``, overflow-safe: a finite row
+    whose plain norm overflows (``|x| ~ 1e19`` in float32) is rescaled by its largest
+    coordinate first, so clipping and Weiszfeld weights keep their direction."""
+    norms = torch.linalg.vector_norm(x, dim=-1)
+    if bool(torch.isinf(norms).any()):
+        scale = x.abs().amax(-1, keepdim=True)
+        finite = torch.isfinite(scale) & (scale > 0)  # an Inf coordinate keeps norm Inf
+        scale = torch.where(finite, scale, torch.ones_like(scale))
+        rescaled = scale.squeeze(-1) * torch.linalg.vector_norm(x / scale, dim=-1)
+        norms = torch.where(torch.isinf(norms) & finite.squeeze(-1), rescaled, norms)
+    return norms
+
+
+def _admissible_or_none(previous: Tensor | None) -> Tensor | None:
+    """``[...]`` mask of problems whose ``previous`` is usable, or None."""
+    return None if previous is None else admissible_points(previous.unsqueeze(-2)).squeeze(-1)
+
+
+# -- parameter validation -------------------------------------------------------------------
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require_int(owner: str, field: str, value: Any, minimum: int, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not (_is_int(value) and value >= minimum):
+        allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
+        raise ValueError(f"{owner}.{field} must be {allowed}, got {value!r}")
+
+
+def _require_positive(owner: str, field: str, value: Any) -> None:
+    if not (_is_number(value) and value > 0):
+        raise ValueError(f"{owner}.{field} must be a finite number > 0, got {value!r}")
+
+
+# -- the interface -------------------------------------------------------------------------
+class Aggregator:
+    """Base class: ``__call__(messages[..., N, d], previous=None, generator=None)`` ->
+    ``[..., d]``.  Subclasses set ``name``, ``summary``, ``reference`` and implement
+    :meth:`_aggregate` on the prepared :class:`Rows`; the base class checks ``N``,
+    drops inadmissible rows and substitutes the fallback for problems without any."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    reference: ClassVar[str] = ""
+
+    def check(self, n: int) -> None:
+        """Raise ``ValueError`` if the aggregator cannot work with ``n`` senders."""
+        if n < 1:
+            raise ValueError(f"{self.name}: needs at least one sender, got n={n}")
+
+    def __call__(
+        self, messages: Tensor, previous: Tensor | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
+        if messages.dim() < 2 or not messages.is_floating_point():
+            raise ValueError(
+                f"{self.name}: messages must be a floating tensor [..., N, d], got "
+                f"{messages.dtype} of shape {tuple(messages.shape)}"
+            )
+        self.check(messages.shape[-2])
+        shape = (*messages.shape[:-2], messages.shape[-1])
+        if previous is not None:
+            previous = torch.broadcast_to(previous.to(messages.dtype), shape)
+        rows = Rows.of(messages)
+        out = self._aggregate(rows, previous, generator)
+        fallback = torch.zeros(shape, dtype=messages.dtype, device=messages.device)
+        usable = _admissible_or_none(previous)
+        if usable is not None:
+            fallback = torch.where(usable.unsqueeze(-1), previous, fallback)
+        return torch.where((rows.count > 0).unsqueeze(-1), out, fallback)
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        raise NotImplementedError
+
+
+AGGREGATORS: dict[str, type[Aggregator]] = {}
+
+
+def register(cls: type[Aggregator]) -> type[Aggregator]:
+    """Class decorator: add an aggregator to :data:`AGGREGATORS` under ``cls.name``."""
+    if cls.name in AGGREGATORS:
+        raise ValueError(f"aggregator {cls.name!r} registered twice")
+    AGGREGATORS[cls.name] = cls
+    return cls
+
+
+AggregatorSpec = Union[str, Mapping[str, Any], Aggregator]
+
+
+def make_aggregator(spec: AggregatorSpec) -> Aggregator:
+    """An aggregator from a name (``"median"``), a mapping with ``name`` and options
+    (``{"name": "trimmed_mean", "f": 2}``) or an instance (returned as is).  Unknown
+    names or options raise ``ValueError`` naming them."""
+    if isinstance(spec, Aggregator):
+        return spec
+    if isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name = options.pop("name", None)
+    else:
+        raise ValueError(
+            f"aggregator must be a name or a mapping with 'name', got {spec!r}; "
+            f"names: {sorted(AGGREGATORS)}"
+        )
+    if name not in AGGREGATORS:
+        raise ValueError(f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}")
+    cls = AGGREGATORS[name]
+    try:
+        return cls(**options)
+    except TypeError as error:
+        fields = [f.name for f in dataclasses.fields(cls)]
+        raise ValueError(f"aggregator {name!r} accepts the fields {fields}: {error}") from None
+
+
+def describe(cls: type[Aggregator]) -> dict[str, Any]:
+    """``{"name", "summary", "reference", "parameters": {field: default}}`` for a CLI
+    listing of :data:`AGGREGATORS`."""
+    parameters = {
+        f.name: (f.default if f.default is not dataclasses.MISSING else None)
+        for f in dataclasses.fields(cls)
+    }
+    return {"name": cls.name, "summary": cls.summary, "reference": cls.reference, "parameters": parameters}
+
+
+# -- averages and order statistics ---------------------------------------------------------
+@register
+@dataclass(frozen=True)
+class Mean(Aggregator):
+    """The plain average of the admissible rows (FedAvg, McMahan et al. 2017): no
+    defense at all, a single large row moves it arbitrarily far."""
+
+    name = "mean"
+    summary = "average of the admissible rows (undefended FedAvg)"
+    reference = "McMahan et al. 2017, Communication-efficient learning of deep networks (FedAvg)"
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        return _masked_mean(rows.values, rows.admissible)
+
+
+@register
+@dataclass(frozen=True)
+class CoordinateMedian(Aggregator):
+    """Coordinate-wise median (Yin et al. 2018, "Byzantine-robust distributed learning:
+    towards optimal statistical rates", Def. 1).  For an even number of admissible rows
+    it returns the average of the two middle values (the statistical median, as
+    ``numpy.median``), not torch's lower median."""
+
+    name = "median"
+    summary = "coordinate-wise median (mean of the two middle values for even counts)"
+    reference = "Yin, Chen, Ramchandran, Bartlett 2018 (ICML), coordinate-wise median, Def. 1"
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        return coordinate_median(rows)
+
+
+@dataclass(frozen=True)
+class _ByzantineBudget(Aggregator):
+    """An aggregator parametrised by the number ``f`` of Byzantine senders it tolerates:
+    ``f`` itself, or ``fraction`` (``f = floor(fraction * n)`` for the ``n`` admissible
+    rows); neither given means ``f = 1``."""
+
+    f: int | None = None
+    fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        _require_int(self.name, "f", self.f, 0, optional=True)
+        if self.fraction is not None and not (
+            _is_number(self.fraction) and 0 <= self.fraction < 0.5
+        ):
+            raise ValueError(
+                f"{self.name}.fraction must be a number in [0, 0.5) or None, "
+                f"got {self.fraction!r}"
+            )
+        if self.f is not None and self.fraction is not None:
+            raise ValueError(f"{self.name}.f and {self.name}.fraction: give one of them, not both")
+
+    def budget(self, n: int) -> int:
+        """The ``f`` used with ``n`` rows."""
+        if self.fraction is not None:
+            return math.floor(self.fraction * n)
+        return 1 if self.f is None else self.f
+
+    def _budget(self, count: Tensor, most: Tensor) -> Tensor:
+        """Per-problem ``f`` for ``count`` admissible rows, at most ``most`` (>= 0)."""
+        if self.fraction is not None:
+            wanted = (count.to(torch.float64) * self.fraction).floor().to(count.dtype)
+        else:
+            wanted = torch.full_like(count, self.budget(0))
+        return torch.minimum(wanted, most.clamp_min(0))
+
+
+@register
+@dataclass(frozen=True)
+class TrimmedMean(_ByzantineBudget):
+    """Coordinate-wise trimmed mean (Yin et al. 2018, Def. 2): per coordinate, drop the
+    ``f`` largest and ``f`` smallest values and average the remaining ``n - 2f``.
+    Requires ``2f < n``; with fewer admissible rows, ``f`` shrinks to ``(n - 1) // 2``
+    (the median)."""
+
+    name = "trimmed_mean"
+    summary = "coordinate-wise mean after dropping the f largest and f smallest values"
+    reference = "Yin, Chen, Ramchandran, Bartlett 2018 (ICML), coordinate-wise trimmed mean, Def. 2"
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        f = self.budget(n)
+        if not 2 * f < n:
+            raise ValueError(f"{self.name}: needs 2*f < n, got f={f}, n={n}")
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        count = rows.count
+        f = self._budget(count, (count - 1) // 2)
+        return _mean_of_order_statistics(_sorted_columns(rows), count, f, count - f)
+
+
+# -- Krum family -----------------------------------------------------------------------------
+def krum_scores(rows: Rows, f: Tensor) -> Tensor:
+    """Krum scores ``[..., N]`` (Blanchard et al. 2017, Sec. 4): for each row, the sum of
+    squared distances to its ``n - f - 2`` nearest other admissible rows (at least 1).
+
+    Distances are taken between admissible rows only (inadmissible ones are zeroed and
+    their distances set to ``inf``); a distance that overflows is ``inf`` ("very far").
+    Admissible scores are clamped to the dtype's maximum, inadmissible ones are
+    ``inf``, so ranking by score always puts admissible rows first and no NaN arises.
+    """
+    values, admissible, count = rows
+    n = values.shape[-2]
+    squared = torch.cdist(values, values, compute_mode="donot_use_mm_for_euclid_dist").square()
+    self_or_absent = torch.eye(n, dtype=torch.bool, device=values.device) | ~admissible.unsqueeze(-2)
+    squared = torch.where(self_or_absent | torch.isnan(squared), torch.full_like(squared, math.inf), squared)
+    nearest = squared.sort(dim=-1).values.cumsum(-1)  # only +inf is ever added: no inf - inf
+    k = (count - f - 2).clamp_min(1)
+    index = (k - 1)[..., None, None].expand(*nearest.shape[:-1], 1)
+    scores = nearest.gather(-1, index).squeeze(-1)
+    biggest = torch.finfo(values.dtype).max
+    scores = torch.nan_to_num(scores, nan=biggest, posinf=biggest)
+    return torch.where(admissible, scores, torch.full_like(scores, math.inf))
+
+
+@dataclass(frozen=True)
+class _KrumFamily(_ByzantineBudget):
+    """Shared by Krum and Multi-Krum: scores, then the mean of the ``m`` lowest."""
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        f = self.budget(n)
+        if not n > 2 * f + 2:
+            raise ValueError(f"{self.name}: needs n > 2*f + 2, got f={f}, n={n}")
+
+    def _selected(self, count: Tensor, f: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        count = rows.count
+        f = self._budget(count, (count - 3) // 2)  # largest f with n > 2f + 2
+        scores = krum_scores(rows, f)
+        rank = scores.argsort(dim=-1, stable=True).argsort(dim=-1)
+        chosen = (rank < self._selected(count, f).unsqueeze(-1)) & rows.admissible
+        return _masked_mean(rows.values, chosen)
+
+
+@register
+@dataclass(frozen=True)
+class Krum(_KrumFamily):
+    """Krum (Blanchard, El Mhamdi, Guerraoui, Stainer 2017, Sec. 4): the row with the
+    smallest score ``sum_{j in n-f-2 nearest} ||x_i - x_j||^2``.  Requires
+    ``n > 2f + 2``; ties go to the lowest index."""
+
+    name = "krum"
+    summary = "the row whose n-f-2 nearest neighbours are closest (squared distances)"
+    reference = "Blanchard, El Mhamdi, Guerraoui, Stainer 2017 (NeurIPS), Krum, Sec. 4"
+
+    def _selected(self, count: Tensor, f: Tensor) -> Tensor:
+        return torch.ones_like(count)
+
+
+@register
+@dataclass(frozen=True)
+class MultiKrum(_KrumFamily):
+    """Multi-Krum (Blanchard et al. 2017, the m-Krum variant): the mean of the ``m`` rows with the
+    lowest Krum scores; ``m = n - f`` by default (El Mhamdi et al. 2018).  Requires
+    ``n > 2f + 2`` and ``m <= n``."""
+
+    name = "multi_krum"
+    summary = "mean of the m rows with the lowest Krum scores (default m = n - f)"
+    reference = "Blanchard, El Mhamdi, Guerraoui, Stainer 2017 (NeurIPS), Multi-Krum (m-Krum)"
+
+    m: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require_int(self.name, "m", self.m, 1, optional=True)
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        if self.m is not None and self.m > n:
+            raise ValueError(f"{self.name}: needs m <= n, got m={self.m}, n={n}")
+
+    def _selected(self, count: Tensor, f: Tensor) -> Tensor:
+        if self.m is None:
+            return count - f
+        return count.clamp_max(self.m)
+
+
+# -- geometric median and centered clipping ------------------------------------------------
+@register
+@dataclass(frozen=True)
+class GeometricMedian(Aggregator):
+    """Geometric median ``argmin_z sum_j ||z - x_j||`` by Weiszfeld iterations, as in
+    RFA (Pillutla, Kakade, Harchaoui 2022, "Robust aggregation for federated
+    learning", smoothed Weiszfeld algorithm), for ``iterations`` steps::
+
+        T(z) = sum_{j far} w_j x_j / sum_{j far} w_j,   w_j = 1 / ||z - x_j||
+        z   <- z + (1 - min(1, eta / r)) (T(z) - z)
+
+    where rows within ``nu`` of ``z`` (RFA's smoothing parameter) count as coinciding
+    with it, ``eta`` is their number and ``r = ||sum_{j far} w_j (x_j - z)||``: the
+    Vardi & Zhang (2000, PNAS, "The multivariate L1-median and associated data depth")
+    correction.  Without it, RFA's weight ``1 / max(nu, 0) = 1 / nu`` pins an iterate
+    that sits on a row to that row for many steps (measured: a start on a non-optimal
+    row barely moves); with it, ``z`` stays on a row only when that row is optimal
+    (``r <= eta``), and the steps are plain Weiszfeld steps (weights ``1 / ||z - x_j||``)
+    otherwise.
+
+    It starts from the coordinate-wise median rather than the mean, so one huge row
+    (a 1e6 large gradient) cannot place the start far away; in low dimension that
+    start is often a row, hence the correction.  Every iterate lies between the
+    previous one and a convex combination of admissible rows, hence is finite.
+    """
+
+    name = "geometric_median"
+    summary = "Weiszfeld geometric median (RFA), started at the coordinate-wise median"
+    reference = (
+        "Pillutla, Kakade, Harchaoui 2022 (IEEE TSP), RFA, smoothed Weiszfeld; "
+        "Vardi & Zhang 2000 (PNAS), modified Weiszfeld"
+    )
+
+    iterations: int = 10
+    nu: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _require_int(self.name, "iterations", self.iterations, 0)
+        _require_positive(self.name, "nu", self.nu)
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        z = coordinate_median(rows)
+        for _ in range(self.iterations):
+            difference = rows.values - z.unsqueeze(-2)
+            distance = row_norms(difference)
+            far = rows.admissible & (distance > self.nu)
+            weight = torch.where(far, distance.reciprocal(), torch.zeros_like(distance))  # inf: 0
+            total = weight.sum(-1, keepdim=True)  # 0: every row coincides with z or is infinitely far
+            pull = _weighted_sum(difference, weight)  # r's vector, sum_j w_j (x_j - z)
+            step = pull / torch.where(total > 0, total, torch.ones_like(total))  # T(z) - z
+            eta = (rows.admissible & ~far).sum(-1, keepdim=True).to(z.dtype)  # rows at z
+            stay = (eta / row_norms(pull.unsqueeze(-2))).clamp_max(1.0)  # r = 0: inf -> 1
+            stay = torch.where(eta > 0, stay, torch.zeros_like(stay))
+            z = z + (1 - stay) * step
+        return z
+
+
+@register
+@dataclass(frozen=True)
+class CenteredClipping(Aggregator):
+    """Centered clipping (Karimireddy, He, Jaggi 2021, "Learning from history for
+    Byzantine robust optimization", the CC rule)::
+
+        v <- v + (1/n) sum_j clip(x_j - v, tau),   clip(y, tau) = y min(1, tau / ||y||)
+
+    for ``iterations`` steps ``L``.  The start ``v`` is ``previous`` (last round's
+    aggregate, as in the paper) where given and admissible, else the coordinate-wise
+    median.  Each step moves ``v`` by at most ``tau``.
+    """
+
+    name = "centered_clipping"
+    summary = "iterative clipping of the rows around the previous aggregate (radius tau)"
+    reference = "Karimireddy, He, Jaggi 2021 (ICML), Learning from history, centered clipping (CC)"
+
+    tau: float = 10.0
+    iterations: int = 1
+
+    def __post_init__(self) -> None:
+        _require_positive(self.name, "tau", self.tau)
+        _require_int(self.name, "iterations", self.iterations, 1)
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        v = coordinate_median(rows)
+        usable = _admissible_or_none(previous)
+        if usable is not None:
+            v = torch.where(usable.unsqueeze(-1), previous, v)
+        for _ in range(self.iterations):
+            difference = rows.values - v.unsqueeze(-2)
+            scale = (self.tau / row_norms(difference)).clamp_max(1.0)  # ||y|| = 0 gives 1
+            scale = torch.where(rows.admissible, scale, torch.zeros_like(scale))
+            v = v + _weighted_sum(difference, scale) / _per_problem(rows.count, v)
+        return v
+
+
+# -- bucketing -------------------------------------------------------------------------------
+@register
+@dataclass(frozen=True)
+class Bucketing(Aggregator):
+    """Bucketing (Karimireddy, He, Jaggi 2022, "Byzantine-robust learning on
+    heterogeneous datasets via bucketing", Alg. 1): randomly permute the admissible
+    rows, average consecutive buckets of ``s`` (the last one may be smaller) and apply
+    ``inner`` to the ``ceil(n / s)`` bucket means.
+
+    The permutation is drawn from ``generator`` (one ``rand`` of shape ``[..., N]``);
+    without a generator the rows keep their given order (deterministic, but then an
+    attacker choosing its row positions defeats the mixing; the Global algorithm
+    always passes its own seeded stream).  Inadmissible rows are dropped before
+    bucketing.  ``inner`` is any aggregator spec (default ``"median"``).
+    """
+
+    name = "bucketing"
+    summary = "random buckets of s rows averaged, then an inner robust aggregator"
+    reference = "Karimireddy, He, Jaggi 2022 (ICLR), Byzantine-robust learning ... via bucketing, Alg. 1"
+
+    inner: AggregatorSpec = "median"
+    s: int = 2
+
+    def __post_init__(self) -> None:
+        _require_int(self.name, "s", self.s, 1)
+        try:
+            inner = make_aggregator(self.inner)
+        except ValueError as error:
+            raise ValueError(f"{self.name}.inner: {error}") from None
+        object.__setattr__(self, "inner", inner)
+
+    def check(self, n: int) -> None:
+        super().check(n)
+        try:
+            self.inner.check(math.ceil(n / self.s))
+        except ValueError as error:
+            raise ValueError(f"{self.name} (s={self.s}, {math.ceil(n / self.s)} buckets of n={n}): {error}") from None
+
+    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        values, admissible, _ = rows
+        n, d = values.shape[-2:]
+        batch = values.shape[:-2]
+        if generator is None:
+            keys = torch.arange(n, dtype=torch.float64, device=values.device).expand(*batch, n)
+        else:
+            keys = torch.rand((*batch, n), generator=generator, dtype=torch.float64, device=generator.device)
+            keys = keys.to(values.device)
+        keys = torch.where(admissible, keys, torch.full_like(keys, math.inf))  # inadmissible last
+        order = keys.argsort(dim=-1, stable=True)
+        permuted = values.gather(-2, order.unsqueeze(-1).expand(*batch, n, d))
+        present = admissible.gather(-1, order)
+        buckets = math.ceil(n / self.s)
+        pad = buckets * self.s - n
+        if pad:
+            permuted = torch.cat([permuted, permuted.new_zeros(*batch, pad, d)], dim=-2)
+            present = torch.cat([present, present.new_zeros(*batch, pad)], dim=-1)
+        sums = permuted.reshape(*batch, buckets, self.s, d).sum(-2)
+        sizes = present.reshape(*batch, buckets, self.s).sum(-1)
+        means = sums / _per_problem(sizes, sums)
+        means = torch.where((sizes > 0).unsqueeze(-1), means, torch.full_like(means, math.nan))  # empty: absent
+        return self.inner(means, previous, generator)
