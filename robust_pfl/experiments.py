@@ -45,9 +45,15 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
             raise ConfigError(details) from None
     if config.attack.name != "none":
         try:
-            attacks.build(config.attack.name, config.attack.options())
+            attack = attacks.build(config.attack.name, config.attack.options())
         except ValueError as error:
             raise ConfigError(f"attack: {error}; allowed names: {['none', *sorted(attacks.REGISTRY)]}") from None
+        if "data" in getattr(attack, "needs", ()) and not isinstance(config.task, ImageTaskConfig):
+            raise ConfigError(
+                f"attack.name: {config.attack.name!r} poisons labels and needs a classification task "
+                f"(task.name = 'image'), not {config.task.name!r}"
+            )
+    _check_client_count(config)
     labels = [m.display for m in config.methods]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"methods: labels must be unique, got {labels} (set 'label')")
@@ -59,6 +65,27 @@ def validate(config: ExperimentConfig) -> ExperimentConfig:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device: {config.device!r} requested but CUDA is not available")
     return config
+
+
+def client_count(config: ExperimentConfig) -> int:
+    """N, honest plus Byzantine, that the config's task will have."""
+    clusters, honest = config.task.clusters, config.task.clients_per_cluster
+    byzantine = config.byzantine.placement().counts(clusters, honest)
+    return clusters * honest + int(byzantine.sum())
+
+
+def _check_client_count(config: ExperimentConfig) -> None:
+    """Methods whose options depend on N (e.g. ``krum`` needs n > 2f + 2) are checked
+    against the config's client count now, not when the run reaches them."""
+    n = client_count(config)
+    for index, method in enumerate(config.methods):
+        spec = method.options().get("aggregator")
+        if method.name != "global" or spec is None:
+            continue
+        try:
+            defenses.make_aggregator(spec).check(n)
+        except ValueError as error:
+            raise ConfigError(f"methods[{index}].aggregator: {error} (the config has N = {n} clients)") from None
 
 
 def build_task(config: ExperimentConfig, seed: int) -> Task:
