@@ -72,6 +72,9 @@ class ImageTaskConfig(_Strict):
     mixture_weight: float = Field(0.8, ge=0, le=1)
     labels_per_cluster: int | None = Field(None, ge=1)
     dirichlet_alpha: float = Field(0.5, gt=0)
+    reshuffle_every_epoch: bool = Field(
+        False, description="re-deal the train split every epoch (the official code's MNIST runs)"
+    )
 
     @model_validator(mode="after")
     def _builder_accepts(self) -> "ImageTaskConfig":
@@ -85,7 +88,7 @@ class ImageTaskConfig(_Strict):
         """The :class:`~robust_pfl.tasks.images.ImageTask` these fields describe."""
         from robust_pfl.tasks.images import ImageTask
 
-        return ImageTask(**self.model_dump(exclude={"name"}))
+        return ImageTask(**self.model_dump(exclude={"name", "reshuffle_every_epoch"}))
 
 
 def _task_name(value: Any) -> str:

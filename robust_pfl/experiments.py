@@ -5,6 +5,7 @@ core, ``attacks`` and ``defenses`` together."""
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -151,7 +152,10 @@ def run_method(
     evaluation = task.to(federation.device)
     table = ResultTable()
     table.add(method.display, seed, 0, honest_means(evaluation, algorithm))
+    redeal = _epoch_redealer(config, task, seed)
     for round_index in range(config.rounds):
+        if redeal is not None:
+            redeal(federation, round_index)
         record = algorithm.step(round_index)
         if on_round is not None:
             on_round()
@@ -159,6 +163,25 @@ def run_method(
         if done % config.eval_every == 0 or done == config.rounds:
             table.add(method.display, seed, done, honest_means(evaluation, algorithm, record))
     return table
+
+
+def _epoch_redealer(
+    config: ExperimentConfig, task: Task, seed: int
+) -> Callable[[Federation, int], None] | None:
+    """With ``task.reshuffle_every_epoch``: a hook that re-deals the train split at the
+    start of every epoch after the first (an epoch = ``ceil(n / batch_size)`` rounds)."""
+    if not (isinstance(config.task, ImageTaskConfig) and config.task.reshuffle_every_epoch):
+        return None
+    builder = config.task.builder()
+    data = _dataset(builder.dataset, builder.data_dir)
+    samples = task.train.samples_per_client
+    per_epoch = math.ceil(samples / min(config.batch_size or samples, samples))
+
+    def redeal(federation: Federation, round_index: int) -> None:
+        if round_index > 0 and round_index % per_epoch == 0:
+            federation.redeal(builder.reshuffle(task, round_index // per_epoch, seed, data))
+
+    return redeal
 
 
 def progress_bar(total: int, description: str, enabled: bool | None = None):

@@ -61,23 +61,38 @@ class Federation:
                 f"{tuple(self.cluster_ids.shape)} and {tuple(self.byzantine.shape)}"
             )
         self.device = torch.device(self.device)
-        self.train = ClientData(self.train.inputs.to(self.device), self._poisoned_targets().to(self.device))
+        self.train = self._received(self.train)
         self.cluster_ids = self.cluster_ids.to(self.device).long()
         self.byzantine = self.byzantine.to(self.device).bool()
         self._batch_rng = make_generator(self.seed, "batches", self.device)
         self._attack_rng = make_generator(self.seed, "attack", self.device)
 
-    def _poisoned_targets(self) -> Tensor:
+    def redeal(self, train: ClientData) -> None:
+        """Replace every client's training data (same shapes), e.g. the official code's
+        per-epoch re-dealing of MNIST; a data attack poisons the new data too."""
+        if train.inputs.shape != self.train.inputs.shape or train.targets.shape != self.train.targets.shape:
+            raise ValueError(
+                f"redeal needs data of the same shapes: {tuple(self.train.inputs.shape)} / "
+                f"{tuple(self.train.targets.shape)}, got {tuple(train.inputs.shape)} / {tuple(train.targets.shape)}"
+            )
+        self.train = self._received(train)
+
+    def _received(self, train: ClientData) -> ClientData:
+        """``train`` on this federation's device, after any data attack."""
+        targets = self._poisoned_targets(train.targets)
+        return ClientData(train.inputs.to(self.device), targets.to(self.device))
+
+    def _poisoned_targets(self, targets: Tensor) -> Tensor:
         """Training targets after a data attack's ``poison`` on the Byzantine rows."""
         poison = getattr(self.attack, "poison", None)
         if poison is None or not bool(self.byzantine.any()):
-            return self.train.targets
+            return targets
         if self.num_classes is None:
             raise ValueError(
                 f"attack {getattr(self.attack, 'name', self.attack)!r} poisons labels: it needs a "
                 "classification task (num_classes), not a regression task"
             )
-        targets = self.train.targets.clone()
+        targets = targets.clone()
         rows = self.byzantine.to(targets.device).bool()
         targets[rows] = poison(targets[rows], self.num_classes).to(targets.dtype)
         return targets

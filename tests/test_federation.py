@@ -437,3 +437,20 @@ def test_data_attack_on_regression_task_is_refused():
     task = small_task()
     with pytest.raises(ValueError, match="classification task"):
         Federation(task.objective, task.train, task.cluster_ids, task.byzantine, attack=_ReverseLabels())
+
+
+def test_redeal_replaces_training_data_and_repoisons_byzantine_rows():
+    inputs = torch.zeros(4, 3, 2)
+    targets = torch.tensor([[0, 1, 2]] * 4)
+    byzantine = torch.tensor([False, False, True, True])
+    fed = Federation(
+        linear_regression(2), ClientData(inputs, targets), torch.zeros(4, dtype=torch.long), byzantine,
+        attack=_ReverseLabels(), num_classes=3,
+    )
+    fresh = torch.tensor([[1, 1, 0]] * 4)
+    fed.redeal(ClientData(inputs + 1, fresh))
+    assert torch.equal(fed.train.inputs, inputs + 1)
+    assert torch.equal(fed.train.targets[:2], fresh[:2])
+    assert torch.equal(fed.train.targets[2:], torch.tensor([[1, 1, 2]] * 2))
+    with pytest.raises(ValueError, match="same shapes"):
+        fed.redeal(ClientData(inputs[:, :2], fresh[:, :2]))
