@@ -19,6 +19,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Collection, Mapping
 
+from robust_pfl.registry import registrar
 from robust_pfl.types import Attack
 
 REGISTRY: dict[str, type] = {}
@@ -26,15 +27,13 @@ REGISTRY: dict[str, type] = {}
 NEED_TAGS: frozenset[str] = frozenset({"omniscient", "adaptive", "data"})
 
 
-def register(cls: type) -> type:
-    """Class decorator: add an attack class to :data:`REGISTRY` under ``cls.name``."""
-    if cls.name in REGISTRY:
-        raise ValueError(f"attack {cls.name!r} registered twice")
+def _known_needs(cls: type) -> None:
     unknown = frozenset(cls.needs) - NEED_TAGS
     if unknown:
         raise ValueError(f"attack {cls.name!r}: unknown needs {sorted(unknown)}; allowed {sorted(NEED_TAGS)}")
-    REGISTRY[cls.name] = cls
-    return cls
+
+
+register = registrar(REGISTRY, "attack", _known_needs)
 
 
 def build(name: str, options: Mapping[str, Any] | None = None) -> Attack:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from robust_pfl.federation import Federation
+from robust_pfl.registry import registrar
 from robust_pfl.types import RoundRecord
 
 
@@ -109,12 +110,7 @@ def _finite_rows(x: Tensor) -> Tensor:
 REGISTRY: dict[str, type[Algorithm]] = {}
 
 
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator: add an algorithm to :data:`REGISTRY` under ``cls.name``."""
-    if cls.name in REGISTRY:
-        raise ValueError(f"algorithm {cls.name!r} registered twice")
-    REGISTRY[cls.name] = cls
-    return cls
+register = registrar(REGISTRY, "algorithm")
 
 
 def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None) -> Algorithm:

@@ -37,6 +37,8 @@ from typing import Any, ClassVar, Mapping, NamedTuple, Union
 import torch
 from torch import Tensor
 
+from robust_pfl.registry import registrar
+
 from defenses.threshold_clustering import admissible_points
 
 
@@ -181,12 +183,7 @@ class Aggregator:
 AGGREGATORS: dict[str, type[Aggregator]] = {}
 
 
-def register(cls: type[Aggregator]) -> type[Aggregator]:
-    """Class decorator: add an aggregator to :data:`AGGREGATORS` under ``cls.name``."""
-    if cls.name in AGGREGATORS:
-        raise ValueError(f"aggregator {cls.name!r} registered twice")
-    AGGREGATORS[cls.name] = cls
-    return cls
+register = registrar(AGGREGATORS, "aggregator")
 
 
 AggregatorSpec = Union[str, Mapping[str, Any], Aggregator]
