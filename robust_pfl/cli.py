@@ -68,6 +68,19 @@ def _list_defenses(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download(args: argparse.Namespace) -> int:
+    from robust_pfl.datasets import DatasetError
+    from robust_pfl.datasets.download import download_mnist
+
+    try:
+        path = download_mnist(args.dest, allow=True)
+    except DatasetError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"MNIST files verified in {path}; use --data-dir {path} or ROBUST_PFL_DATA={path.parent}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="robust-pfl", description=__doc__)
     parser.add_argument(
@@ -98,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--quick", action="store_true", help="100 rounds, 1 seed")
     table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
     table.set_defaults(handler=_attack_table)
+    download = commands.add_parser(
+        "download", help="fetch MNIST from the network (explicit only; checksum-verified, never in tests)"
+    )
+    download.add_argument("dataset", choices=["mnist"])
+    download.add_argument("dest", help="directory to write the four .gz files into")
+    download.set_defaults(handler=_download)
     for name, handler, text in (
         ("attacks", _list_attacks, "list registered attacks with their parameters"),
         ("defenses", _list_defenses, "list registered algorithms and robust aggregators"),
