@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reproduce.add_argument(
         "--partition", choices=["official", "fixed"], default="official",
-        help="table1: official dealing rule (default) or seeded random shards",
+        help="table1: the official dealing, re-dealt every epoch (default), or fixed seeded shards",
     )
     reproduce.add_argument("--out", help="output directory (default results/<figure>)")
     reproduce.add_argument("--quick", action="store_true", help="fewer rounds, grid points and seeds")

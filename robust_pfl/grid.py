@@ -12,6 +12,7 @@ The runner is sequential; the store is the seam where a Ray backend will plug in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -31,7 +32,11 @@ class Cell:
 
     @property
     def key_text(self) -> str:
-        return json.dumps(dict(self.key), sort_keys=True)
+        """The key plus a fingerprint of the payload: a rerun whose settings changed
+        (another partition, more rounds ...) does not reuse the old result."""
+        payload = json.dumps(self.payload, sort_keys=True, default=repr)
+        digest = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return json.dumps({**dict(self.key), "config_sha256": digest}, sort_keys=True)
 
 
 class CellStore:

@@ -7,9 +7,9 @@ official code's (SPEC section 5), fixed in advance, never tuned on test data: ML
 784-200-10 with the softmax + NLL quirk, inputs normalised with 0.1307 / 0.3081,
 SGD lr 0.1 with heavy-ball momentum 0.9, batch 32, the official dealing rule (a seeded
 permutation, client r takes every N-th image from position r).  One "epoch" is
-``ceil(train images per client / 32)`` rounds.  The official code re-deals the train
-set every epoch; the engine keeps the first dealing fixed (``--partition fixed`` uses
-seeded random shards instead).  Full mode: 30 epochs, 1 seed; quick: 3 epochs and 25
+``ceil(train images per client / 32)`` rounds, and the train set is re-dealt to the
+clients at the start of every epoch, as the official code does.  ``--partition fixed``
+is the variant with fixed seeded shards and no re-dealing.  Full mode: 30 epochs, 1 seed; quick: 3 epochs and 25
 clients per cluster.
 
 Without ``--data-dir`` the recipe runs the same protocol on the embedded
@@ -87,6 +87,7 @@ def task_spec(kind: str, mode: Mode, data_dir: str | None, partition: str) -> di
         "clusters": 4,
         "clients_per_cluster": mode.clients_per_cluster,
         "partition": partition,
+        "reshuffle_every_epoch": partition == "official",
     }
     if data_dir is None:
         spec.update(dataset="digits", model={"name": "mlp", "hidden": [200], "loss": "softmax_nll"})
