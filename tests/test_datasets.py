@@ -507,3 +507,15 @@ def test_real_mnist():
     assert data.train_images.min() == 0.0 and data.train_images.max() == 1.0
     if all((directory / name).is_file() for name in MNIST_CHECKSUMS):
         verify_files(directory)  # contents match the published checksums
+
+
+def test_bundled_digits_file_equals_scikit_learns_loader():
+    """The CSV read without importing scikit-learn is exactly ``load_digits()``."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from robust_pfl.datasets.digits import _bundled_digits
+
+    images, labels = _bundled_digits()
+    reference = sklearn_digits()
+    assert np.array_equal(images[:, 0], reference.images)
+    assert np.array_equal(labels, reference.target)
