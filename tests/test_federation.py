@@ -420,7 +420,8 @@ class _ReverseLabels:
         return messages[..., context.byzantine, :].clone()
 
 
-def test_data_attack_poisons_only_byzantine_training_targets():
+def _poisoned_federation():
+    """4 clients (the last 2 Byzantine) with labels 0, 1, 2 under label reversal."""
     inputs = torch.zeros(4, 3, 2)
     targets = torch.tensor([[0, 1, 2]] * 4)
     byzantine = torch.tensor([False, False, True, True])
@@ -428,6 +429,11 @@ def test_data_attack_poisons_only_byzantine_training_targets():
         linear_regression(2), ClientData(inputs, targets), torch.zeros(4, dtype=torch.long), byzantine,
         attack=_ReverseLabels(), num_classes=3,
     )
+    return inputs, targets, fed
+
+
+def test_data_attack_poisons_only_byzantine_training_targets():
+    inputs, targets, fed = _poisoned_federation()
     assert torch.equal(fed.train.targets[:2], targets[:2])
     assert torch.equal(fed.train.targets[2:], torch.tensor([[2, 1, 0]] * 2))
     assert torch.equal(targets, torch.tensor([[0, 1, 2]] * 4))  # caller's data untouched
@@ -440,13 +446,7 @@ def test_data_attack_on_regression_task_is_refused():
 
 
 def test_redeal_replaces_training_data_and_repoisons_byzantine_rows():
-    inputs = torch.zeros(4, 3, 2)
-    targets = torch.tensor([[0, 1, 2]] * 4)
-    byzantine = torch.tensor([False, False, True, True])
-    fed = Federation(
-        linear_regression(2), ClientData(inputs, targets), torch.zeros(4, dtype=torch.long), byzantine,
-        attack=_ReverseLabels(), num_classes=3,
-    )
+    inputs, targets, fed = _poisoned_federation()
     fresh = torch.tensor([[1, 1, 0]] * 4)
     fed.redeal(ClientData(inputs + 1, fresh))
     assert torch.equal(fed.train.inputs, inputs + 1)
