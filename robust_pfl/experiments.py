@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
-from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, MethodConfig
+from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, MethodConfig, parse_config
 from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
@@ -182,6 +183,18 @@ def _epoch_redealer(
             federation.redeal(builder.reshuffle(task, round_index // per_epoch, seed, data))
 
     return redeal
+
+
+def run_cell_config(payload: dict[str, Any], source: str, timed: bool = False) -> list[dict[str, Any]]:
+    """Tidy rows ``(round, metric, value)`` of a grid cell's config (one method, one
+    seed), validated first; ``timed`` adds its wall time as metric ``seconds``."""
+    config = validate(parse_config(payload, source))
+    start = time.perf_counter()
+    table = run_method(config.methods[0], config, config.seeds[0])
+    rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
+    if timed:
+        rows.append({"round": config.rounds, "metric": "seconds", "value": time.perf_counter() - start})
+    return rows
 
 
 def progress_bar(total: int, description: str, enabled: bool | None = None):

@@ -25,8 +25,7 @@ from statistics import mean
 from typing import Any
 
 import attacks
-from robust_pfl.config import parse_config
-from robust_pfl.experiments import progress_bar, run_method, validate
+from robust_pfl.experiments import progress_bar, run_cell_config
 from robust_pfl.grid import Cell, CellStore, run_grid
 from robust_pfl.results import write_history, write_summary
 
@@ -111,9 +110,7 @@ def cells(mode: Mode) -> list[Cell]:
 
 
 def run_cell(cell: Cell) -> list[dict[str, Any]]:
-    config = validate(parse_config(cell.payload, f"attack table cell {cell.key_text}"))
-    table = run_method(config.methods[0], config, config.seeds[0])
-    return [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
+    return run_cell_config(cell.payload, f"attack table cell {cell.key_text}")
 
 
 def relative_errors(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:

@@ -30,7 +30,7 @@ from statistics import mean
 from typing import Any
 
 from robust_pfl.config import parse_config
-from robust_pfl.experiments import build_task, progress_bar, run_method, validate
+from robust_pfl.experiments import build_task, progress_bar, run_cell_config, validate
 from robust_pfl.grid import Cell, CellStore, run_grid
 from robust_pfl.results import write_history, write_summary
 
@@ -122,12 +122,7 @@ def cells(mode: Mode, data_dir: str | None, partition: str) -> list[Cell]:
 
 
 def run_cell(cell: Cell) -> list[dict[str, Any]]:
-    config = validate(parse_config(cell.payload, f"table1 cell {cell.key_text}"))
-    start = time.perf_counter()
-    table = run_method(config.methods[0], config, config.seeds[0])
-    seconds = time.perf_counter() - start
-    rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
-    return rows + [{"round": config.rounds, "metric": "seconds", "value": seconds}]
+    return run_cell_config(cell.payload, f"table1 cell {cell.key_text}", timed=True)
 
 
 def final_metrics(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, float]]:
