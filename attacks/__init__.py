@@ -14,7 +14,7 @@ mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
 :mod:`attacks.data_poisoning` (label flip).
 """
 
-from attacks.base import NEED_TAGS, REGISTRY, build, describe, register
+from attacks.base import NEED_TAGS, REGISTRY, build, describe, reads_messages, register
 from attacks.simple import ConstantValue, LargeGradient
 from attacks.flips import BitFlip
 from attacks.noise import GaussianNoise
@@ -29,6 +29,7 @@ __all__ = [
     "REGISTRY",
     "build",
     "describe",
+    "reads_messages",
     "register",
     "LargeGradient",
     "ConstantValue",

@@ -11,6 +11,11 @@ construction (``__post_init__`` validates each field and raises ``ValueError`` n
   ``context.defense_state``), ``"data"`` (poisons training data).  Where the answer
   depends on the configuration (``bit_flip(source="own")`` reads no honest row), the
   class value is the upper bound and :class:`NeedsBy` gives each instance its own.
+
+An attack may also declare ``reads_messages = False`` (a class attribute or a property)
+when its output never depends on the message values it is handed, only on their shape
+and its random stream (large gradient, constant rows).  Engines then skip computing
+the honest vectors of Byzantine senders; see :func:`reads_messages`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Callable, Collection, Mapping
 
 from robust_pfl.registry import registrar
 from robust_pfl.types import Attack
+from robust_pfl.types import attack_reads_messages as reads_messages  # re-exported
 
 REGISTRY: dict[str, type] = {}
 

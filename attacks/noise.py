@@ -32,6 +32,11 @@ class GaussianNoise:
         require_finite(self.name, "std", self.std, low=0.0)
         require_choice(self.name, "around", self.around, AROUND)
 
+    @property
+    def reads_messages(self) -> bool:
+        """Only noise around the own row reads the messages."""
+        return self.around == "own"
+
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         noise = normal_rows(messages, context, 0.0, self.std)
         return noise.add_(own_rows(messages, context)) if self.around == "own" else noise

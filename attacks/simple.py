@@ -22,6 +22,7 @@ class LargeGradient:
     name: ClassVar[str] = "large_gradient"
     summary: ClassVar[str] = "i.i.d. N(mean, std^2) per coordinate (official Fig. 6: mean 1e6, std 200)"
     needs: ClassVar[frozenset[str]] = frozenset()
+    reads_messages: ClassVar[bool] = False
     mean: float = 1e6
     std: float = 200.0
 
@@ -42,6 +43,7 @@ class ConstantValue:
     name: ClassVar[str] = "constant"
     summary: ClassVar[str] = "every Byzantine coordinate equal to one value (nan, inf, 1e38, ...)"
     needs: ClassVar[frozenset[str]] = frozenset()
+    reads_messages: ClassVar[bool] = False
     value: float = math.nan
 
     def __post_init__(self) -> None:

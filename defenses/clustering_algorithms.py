@@ -109,13 +109,17 @@ class FederatedClustering(Algorithm):
         own = torch.zeros_like(self.models)
         row_bytes = 2 * d * self.models.element_size()
         for members in self._subgroups():
-            group_batch = batch.select(members)
+            # Honest senders first: when the attack overwrites the Byzantine rows unread,
+            # only the leading honest block is computed (Threshold-Clustering does not
+            # depend on the order of its points).
+            members = fed.honest_first(members)
+            computed = members.numel() if fed.byzantine_rows_read else int((~fed.byzantine[members]).sum())
+            group_batch = batch.select(members[:computed])
             receivers = (fed.honest[members]).nonzero().squeeze(-1)  # positions in group
             for chunk in fed.chunks(receivers, row_bytes * members.numel(), self.params.memory_budget_mb << 20):
                 clients = members[chunk]
-                grads = fed.cross_gradients(
-                    self.models[clients], group_batch, out=self._workspace(chunk.numel(), members.numel())
-                )
+                grads = self._workspace(chunk.numel(), members.numel())
+                fed.cross_gradients(self.models[clients], group_batch, out=grads[:, :computed])
                 rows = torch.arange(chunk.numel(), device=grads.device)
                 start = grads[rows, chunk].clone()  # g_i(x_i): the initial centre
                 own[clients] = start

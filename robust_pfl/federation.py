@@ -21,7 +21,7 @@ from torch import Tensor
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.objectives import Objective
 from robust_pfl.seeding import generator as make_generator
-from robust_pfl.types import Attack, AttackContext, MessageKind
+from robust_pfl.types import Attack, AttackContext, MessageKind, attack_reads_messages
 
 
 @dataclass
@@ -105,6 +105,19 @@ class Federation:
     @property
     def honest(self) -> Tensor:
         return ~self.byzantine
+
+    @property
+    def byzantine_rows_read(self) -> bool:
+        """Whether the honest values of Byzantine senders' messages can matter: with no
+        attack they are sent as they are; an attack that declares
+        ``reads_messages = False`` overwrites them unread, so an engine may skip
+        computing them."""
+        return self.attack is None or attack_reads_messages(self.attack)
+
+    def honest_first(self, clients: Tensor) -> Tensor:
+        """``clients`` reordered with the honest ones first (stable within each part)."""
+        order = torch.argsort(self.byzantine[clients].to(torch.int8), stable=True)
+        return clients[order]
 
     @property
     def clusters(self) -> int:

@@ -54,6 +54,13 @@ class Attack(Protocol):
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor: ...
 
 
+def attack_reads_messages(attack: Attack) -> bool:
+    """Whether ``attack``'s output may depend on the values of the messages it is
+    handed: ``True`` unless the attack declares ``reads_messages = False`` (its rows
+    depend only on the shapes and its random stream)."""
+    return bool(getattr(attack, "reads_messages", True))
+
+
 @dataclass
 class RoundRecord:
     """What one round of an algorithm exposes (for metrics and theory checks).

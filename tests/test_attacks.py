@@ -159,6 +159,27 @@ def test_hostile_inputs_do_not_crash(name, options):
     assert attack(messages(S, D), context(senders=senders)).shape == (2, D)
 
 
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
+def test_an_attack_that_declares_it_reads_no_message_ignores_their_values(name, options):
+    """``reads_messages = False`` lets engines skip the Byzantine senders' honest
+    vectors, so such an attack's rows must be the same for any message values
+    (garbage, NaN) of the same shape and the same generator state."""
+    attack = attacks.build(name, options)
+    if attacks.reads_messages(attack):
+        assert name not in {"large_gradient", "constant"}  # these must declare it
+        return
+    values = messages(M, S, D)
+    garbage = torch.full_like(values, math.nan)
+    assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
+
+
+def test_reads_messages_follows_the_configuration():
+    assert not attacks.reads_messages(attacks.build("gaussian_noise", {"around": "zero"}))
+    assert attacks.reads_messages(attacks.build("gaussian_noise", {"around": "own"}))
+    assert attacks.reads_messages(attacks.build("bit_flip"))
+    assert attacks.reads_messages(object())  # undeclared: assume it reads
+
+
 def test_every_attack_with_parameters_has_an_invalid_case():
     for name in NAMES:
         if attacks.describe(attacks.REGISTRY[name])["parameters"]:

@@ -73,3 +73,49 @@ def test_attacked_rows_are_fresh_each_round():
     second = fed.deliver(messages.clone(), 1, "cross_gradient", inplace=True)
     assert not torch.equal(first[:, fed.byzantine], second[:, fed.byzantine])
     assert torch.equal(first[:, fed.honest], messages[:, fed.honest])
+
+
+class _ReadingLargeGradient:
+    """The large-gradient attack, but declaring that it reads its messages (the
+    default for an attack), so FC computes every sender's honest gradient."""
+
+    reads_messages = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, messages, context):
+        return self.inner(messages, context)
+
+
+def test_skipping_unread_byzantine_gradients_does_not_change_results():
+    """With an attack that overwrites the Byzantine rows unread, FC computes only the
+    honest senders' gradients; the trained models are bit-identical to computing all
+    of them (the rows are overwritten either way)."""
+    def train(wrap: bool) -> tuple[torch.Tensor, list[int]]:
+        fed = _federation(torch.float64)
+        if wrap:
+            fed.attack = _ReadingLargeGradient(fed.attack)
+        senders: list[int] = []
+        original = fed.cross_gradients
+
+        def spy(params, batch, out=None):
+            senders.append(batch.inputs.shape[0])
+            return original(params, batch, out=out)
+
+        fed.cross_gradients = spy
+        fc = build("fc", fed, {"lr": 0.05, "radius": {"policy": "quantile", "q": 0.4}})
+        for t in range(3):
+            fc.step(t)
+        return fc.client_models()[fed.honest], senders
+
+    skipped, skipped_senders = train(wrap=False)
+    computed, computed_senders = train(wrap=True)
+    assert set(skipped_senders) == {8} and set(computed_senders) == {10}
+    assert torch.equal(skipped, computed)
+
+
+def test_honest_first_is_a_stable_partition():
+    fed = _federation(torch.float64)  # Byzantine clients 3 and 8
+    order = fed.honest_first(torch.tensor([8, 0, 3, 5, 1]))
+    assert order.tolist() == [0, 5, 1, 8, 3]
