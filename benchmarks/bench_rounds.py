@@ -185,9 +185,9 @@ class GradientMeter:
             self.chunk_rows.append(params.shape[0])
             return result
 
-        def timed_paired(params: Tensor, batch: Batch) -> Tensor:
+        def timed_paired(params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
             start = time.perf_counter()
-            result = paired(params, batch)
+            result = paired(params, batch, out=out)
             self.seconds += time.perf_counter() - start
             self.pairs += params.shape[0]
             return result
@@ -492,6 +492,7 @@ def worker_fc(spec: dict[str, Any]) -> dict[str, Any]:
             "memory_budget_mb": spec["budget_mb"],
         },
     )
+    algorithm.snapshot_records = False  # as the experiment runner does
     meter = GradientMeter(fed, flops_per_pair)
     first = _section(roof)
     start = time.perf_counter()
@@ -558,6 +559,7 @@ def worker_mc(spec: dict[str, Any]) -> dict[str, Any]:
         fed,
         {"lr": LR, "radius": RADIUS, "clustering_rounds": CLUSTERING_ROUNDS, "method": spec["method"]},
     )
+    algorithm.snapshot_records = False  # as the experiment runner does
     meter = GradientMeter(fed, flops_per_pair)
     algorithm.step(0)  # k-means++ seeding happens here; later rounds are warm-started
     first = _section(roof)

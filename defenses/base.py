@@ -53,6 +53,14 @@ class Algorithm:
             raise TypeError(f"{self.name} expects {self.Params.__name__}, got {type(params).__name__}")
         self.federation = federation
         self.params = params
+        #: Records returned by :meth:`step` hold private copies, safe to keep across
+        #: rounds.  A runner that reads each record only within its round may turn
+        #: this off; algorithms then hand out the buffers they reuse next round.
+        self.snapshot_records = True
+
+    def kept(self, tensor: Tensor) -> Tensor:
+        """``tensor`` as a record may hold it: a copy when :attr:`snapshot_records`."""
+        return tensor.clone() if self.snapshot_records else tensor
 
     def step(self, round_index: int) -> RoundRecord:
         raise NotImplementedError
@@ -75,6 +83,8 @@ class HeavyBall:
         self.momentum = momentum
         self.buffer = torch.zeros_like(like)
         self.skipped = 0
+        self._spare: Tensor | None = None  # next buffer, for whole-tensor steps
+        self._moved: Tensor | None = None  # candidate parameters, for whole-tensor steps
 
     def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
         """Update ``params`` in place with ``update`` on ``rows`` (all rows if None).
@@ -83,20 +93,46 @@ class HeavyBall:
         parameters are all finite (a finite but huge update can still overflow);
         otherwise that row keeps its parameters and buffer and counts as skipped.
         """
-        index = slice(None) if rows is None else rows
+        if rows is None:
+            self._apply_all(params, update)
+            return
         if self.momentum:
-            buffer = torch.add(update, self.buffer[index], alpha=self.momentum)  # new tensor
+            buffer = torch.add(update, self.buffer[rows], alpha=self.momentum)  # new tensor
         else:
             buffer = update
-        moved = torch.add(params[index], buffer, alpha=-self.lr)
+        moved = torch.add(params[rows], buffer, alpha=-self.lr)
         ok = _finite_rows(update) & _finite_rows(buffer) & _finite_rows(moved)
         if not bool(ok.all()):
             ok = ok.unsqueeze(-1)
             self.skipped += int((~ok).sum())
-            buffer = torch.where(ok, buffer, self.buffer[index])
-            moved = torch.where(ok, moved, params[index])
-        self.buffer[index] = buffer
-        params[index] = moved
+            buffer = torch.where(ok, buffer, self.buffer[rows])
+            moved = torch.where(ok, moved, params[rows])
+        self.buffer[rows] = buffer
+        params[rows] = moved
+
+    def _apply_all(self, params: Tensor, update: Tensor) -> None:
+        """:meth:`apply` on every row, through two reused scratch tensors (a fresh
+        ``[N, d]`` result per round costs page faults).  The committed buffer is always
+        finite, so a finite new buffer implies a finite update."""
+        if self._moved is None or self._moved.shape != params.shape:
+            self._moved = torch.empty_like(params)
+            self._spare = torch.empty_like(self.buffer)
+        if self.momentum:
+            buffer = torch.add(update, self.buffer, alpha=self.momentum, out=self._spare)
+        else:
+            buffer = update
+        moved = torch.add(params, buffer, alpha=-self.lr, out=self._moved)
+        ok = _finite_rows(buffer) & _finite_rows(moved)
+        if not bool(ok.all()):
+            ok = ok.unsqueeze(-1)
+            self.skipped += int((~ok).sum())
+            buffer = torch.where(ok, buffer, self.buffer)
+            moved = torch.where(ok, moved, params)
+        if buffer is self._spare:  # swap instead of copying
+            self._spare, self.buffer = self.buffer, buffer
+        elif self.momentum:
+            self.buffer.copy_(buffer)
+        params.copy_(moved)
 
 
 def _finite_rows(x: Tensor) -> Tensor:

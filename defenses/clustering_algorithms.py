@@ -172,6 +172,19 @@ class _ServerClustering(Algorithm):
         self.centres: Tensor | None = None
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
         self._init_rng = federation.rng(f"{self.name}-centres")
+        # [N, d] buffers reused every round (fresh ones cost page faults): own
+        # gradients, delivered messages, and the centre each client applies.
+        self._buffers: dict[str, Tensor] = {}
+
+    def _buffer(self, name: str) -> Tensor:
+        if name not in self._buffers:
+            self._buffers[name] = torch.empty_like(self.models)
+        return self._buffers[name]
+
+    def _own_gradients(self) -> Tensor:
+        """``g_i(x_i)`` of every client this round, in a reused buffer."""
+        fed = self.federation
+        return fed.gradients(self.models, fed.sample_batch(), out=self._buffer("gradients"))
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
         if self.params.init == "kmeans++":
@@ -194,7 +207,7 @@ class _ServerClustering(Algorithm):
         centres = threshold_clustering(
             received, centres, self.policy, self.params.clustering_rounds, method=method
         ).centres
-        return centres, nearest_centre(received, centres)
+        return centres, nearest_centre(received, centres, method=method)
 
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive
@@ -207,9 +220,11 @@ class _ServerClustering(Algorithm):
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor:
         fed = self.federation
         state = {"centres": self.centres, "radius_policy": self.policy, "aggregate": self._probe}
-        received = fed.deliver(vectors, round_index, self.message_kind, defense_state=state)
+        received = fed.deliver(
+            vectors, round_index, self.message_kind, defense_state=state, out=self._buffer("received")
+        )
         self.centres, self.assignment = self._cluster(received, self._init_rng)
-        updates = self.centres[self.assignment]
+        updates = torch.index_select(self.centres, 0, self.assignment, out=self._buffer("updates"))
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.
         self.optimizer.apply(self.models, updates)
@@ -238,10 +253,14 @@ class MyopicClustering(_ServerClustering):
     Params = MyopicParams
 
     def step(self, round_index: int) -> RoundRecord:
-        grads = self.federation.gradients(self.models, self.federation.sample_batch())
+        grads = self._own_gradients()
         updates = self._cluster_and_update(round_index, grads)
         return RoundRecord(
-            round_index, gradients=grads, updates=updates, centres=self.centres, assignment=self.assignment
+            round_index,
+            gradients=self.kept(grads),
+            updates=self.kept(updates),
+            centres=self.centres,
+            assignment=self.assignment,
         )
 
 
@@ -267,15 +286,14 @@ class MomentumClustering(_ServerClustering):
         self.momenta = torch.zeros_like(self.models)
 
     def step(self, round_index: int) -> RoundRecord:
-        grads = self.federation.gradients(self.models, self.federation.sample_batch())
-        alpha = self.params.alpha
-        self.momenta = torch.lerp(self.momenta, grads, alpha)  # alpha g + (1 - alpha) m
+        grads = self._own_gradients()
+        self.momenta.lerp_(grads, self.params.alpha)  # alpha g + (1 - alpha) m, in place
         updates = self._cluster_and_update(round_index, self.momenta)
         return RoundRecord(
             round_index,
-            gradients=grads,
-            momenta=self.momenta,
-            updates=updates,
+            gradients=self.kept(grads),
+            momenta=self.kept(self.momenta),
+            updates=self.kept(updates),
             centres=self.centres,
             assignment=self.assignment,
         )

@@ -212,11 +212,21 @@ def _weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
     return torch.matmul(coefficients.unsqueeze(-2), rows).squeeze(-2)
 
 
-def nearest_centre(points: Tensor, centres: Tensor) -> Tensor:
+def nearest_centre(
+    points: Tensor, centres: Tensor, method: Literal["direct", "gram"] = "direct"
+) -> Tensor:
     """Index of the nearest centre for each point (``[..., N]``); inadmissible points
-    get centre 0.  The assignment rule of Alg. 4 (unstated in the paper)."""
-    admissible = admissible_points(points)
+    get centre 0.  The assignment rule of Alg. 4 (unstated in the paper).
+
+    ``method="gram"`` ranks ``||v_k||^2 - 2 <z_j, v_k>`` (one product with the points
+    instead of one difference per pair; near-ties may rank differently to rounding)."""
+    norms = squared_norms(points)
+    admissible = torch.isfinite(norms)
     clean = points if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), points, 0.0)
-    distances = torch.cdist(clean, centres.to(points.dtype), compute_mode="donot_use_mm_for_euclid_dist")
+    centres = centres.to(points.dtype)
+    if method == "gram":
+        distances = squared_norms(centres).unsqueeze(-2) - 2 * torch.matmul(clean, centres.transpose(-1, -2))
+    else:
+        distances = torch.cdist(clean, centres, compute_mode="donot_use_mm_for_euclid_dist")
     distances = torch.where(torch.isnan(distances), torch.full_like(distances, math.inf), distances)
-    return distances.argmin(dim=-1)
+    return torch.where(admissible, distances.argmin(dim=-1), 0)

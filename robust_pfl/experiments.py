@@ -150,6 +150,7 @@ def run_method(
     task = task or build_task(config, seed)
     federation = build_federation(task, config, seed)
     algorithm = defenses.build(method.name, federation, method.options())
+    algorithm.snapshot_records = False  # each record is read within its round only
     evaluation = task.to(federation.device)
     table = ResultTable()
     table.add(method.display, seed, 0, honest_means(evaluation, algorithm))

@@ -141,9 +141,10 @@ class Federation:
         """This round's batch for every client (seeded, one gather)."""
         return self.train.sample(self.batch_size, self._batch_rng)
 
-    def gradients(self, params: Tensor, batch: Batch) -> Tensor:
-        """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]``."""
-        return self.objective.paired_gradients(params, batch)
+    def gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]`` (into the
+        reusable buffer ``out`` if given)."""
+        return self.objective.paired_gradients(params, batch, out=out)
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         """Honest ``g_j(x_m)`` for model rows ``params[M, d]``: ``[M, N, d]``."""
@@ -169,13 +170,16 @@ class Federation:
         defense_state: Mapping[str, Any] | None = None,
         senders: Tensor | None = None,
         inplace: bool = False,
+        out: Tensor | None = None,
     ) -> Tensor:
         """Messages ``[..., S, d]`` as the aggregator receives them: honest rows
         unchanged, Byzantine rows replaced by the attack's output.  ``senders`` lists
         the client index of each of the ``S`` rows (default: all N clients in order).
         Without an attack, or without Byzantine senders, messages pass unchanged.
         ``inplace=True`` writes the Byzantine rows into ``messages`` itself (for a
-        caller-owned workspace: saves one full copy per call)."""
+        caller-owned workspace: saves one full copy per call); ``out``, a reusable
+        buffer shaped like ``messages``, receives the delivered messages instead of a
+        fresh copy (large fresh allocations cost page faults)."""
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
         cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
         if self.attack is None or not bool(byzantine.any()):
@@ -196,6 +200,9 @@ class Federation:
             raise ValueError(
                 f"attack returned shape {tuple(malicious.shape)}, expected {expected}"
             )
-        delivered = messages if inplace else messages.clone()
+        if inplace:
+            delivered = messages
+        else:
+            delivered = messages.clone() if out is None else out.copy_(messages)
         delivered[..., byzantine, :] = malicious.to(messages.dtype)
         return delivered

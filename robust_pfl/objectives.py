@@ -57,9 +57,11 @@ class Objective:
         raise NotImplementedError
 
     # -- batched evaluations (torch.func reference implementation) --------------------
-    def paired_gradients(self, params: Tensor, batch: Batch) -> Tensor:
-        """``g_i(x_i)`` for all clients: ``params[N, d]`` -> ``[N, d]``."""
-        return vmap(grad(self.loss))(params, batch.inputs, batch.targets)
+    def paired_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        """``g_i(x_i)`` for all clients: ``params[N, d]`` -> ``[N, d]`` (written into
+        ``out``, a reusable ``[N, d]`` buffer, if given)."""
+        result = vmap(grad(self.loss))(params, batch.inputs, batch.targets)
+        return result if out is None else out.copy_(result)
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         """``g_j(x_m)`` for every model row ``m`` and client ``j``: ``[M, N, d]``.
@@ -254,11 +256,12 @@ class DenseNetwork(Objective):
         return _loss_from_outputs(out, targets, self.loss_kind).mean()
 
     # -- batched fast path -------------------------------------------------------------
-    def paired_gradients(self, params: Tensor, batch: Batch) -> Tensor:
+    def paired_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         if self.engine == "func":
-            return super().paired_gradients(params, batch)
+            return super().paired_gradients(params, batch, out)
         x = batch.inputs.reshape(batch.inputs.shape[0], batch.inputs.shape[1], -1)
-        return self._batched_gradients(params, x, batch.targets, clients_per_model=1)[:, 0]
+        block = None if out is None else out.unsqueeze(1)
+        return self._batched_gradients(params, x, batch.targets, clients_per_model=1, out=block)[:, 0]
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         if self.engine == "func":

@@ -69,6 +69,8 @@ class RoundRecord:
     ``momenta`` are the honest per-client ``[N, d]`` values before any attack;
     ``updates`` are the vectors each client applied; ``assignment`` the cluster each
     client was assigned this round (``[N]``), if the algorithm forms clusters.
+    Records are snapshots unless the algorithm's ``snapshot_records`` was turned off
+    (then tensors may be buffers the algorithm overwrites in its next step).
     """
 
     round_index: int

@@ -253,6 +253,29 @@ def test_federation_data_not_mutated(name):
 
 
 @pytest.mark.parametrize("name", METHODS)
+def test_turning_record_snapshots_off_changes_no_result(name):
+    """``snapshot_records = False`` (what the experiment runner sets) only lets records
+    alias the algorithm's reused buffers: models and this round's records are
+    bit-identical to the snapshotting run."""
+    runs = []
+    for snapshot in (True, False):
+        task = make_task(0, method=name)
+        fed = make_federation(task, 0, attacks.LargeGradient())
+        algo = build_method(name, fed, options_for(name))
+        algo.snapshot_records = snapshot
+        seen = []
+        for t in range(ROUNDS):
+            seen.append({k: v.clone() for k, v in record_tensors(algo.step(t)).items()})
+        runs.append((algo.client_models().clone(), seen))
+    (models_on, records_on), (models_off, records_off) = runs
+    assert torch.equal(models_on, models_off)
+    for on, off in zip(records_on, records_off):
+        assert on.keys() == off.keys()
+        for key in on:
+            assert torch.equal(on[key], off[key]), key
+
+
+@pytest.mark.parametrize("name", METHODS)
 def test_round_records_are_snapshots(name):
     """A record returned by step(t) is not changed by later rounds (theory checks and
     metrics collect records over time)."""

@@ -408,6 +408,46 @@ def test_heavy_ball_never_writes_non_finite_parameters(start, lr, momentum, step
     assert torch.isfinite(params).all(), f"parameter row became {params.tolist()}"
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.sampled_from([0.0, 0.5, 0.9]),
+    st.lists(st.sampled_from([0.0, 1.0, -2.5, 1e38, math.nan, math.inf]), min_size=6, max_size=6),
+)
+def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum, values):
+    """The whole-tensor path (reused scratch buffers, swapped momentum buffer) and the
+    row-subset path are one rule: the same parameters, buffer and skip count after
+    three steps, hostile update rows included."""
+    g = torch.Generator().manual_seed(rows)
+    start = torch.randn(rows, 3, generator=g, dtype=torch.float32)
+    update = torch.tensor(values[: rows * 3] + [0.0] * max(0, rows * 3 - 6), dtype=torch.float32)
+    update = update[: rows * 3].reshape(rows, 3)
+    whole, subset = start.clone(), start.clone()
+    opt_whole = HeavyBall(0.1, momentum, whole)
+    opt_subset = HeavyBall(0.1, momentum, subset)
+    for scale in (1.0, -0.5, 2.0):
+        opt_whole.apply(whole, update * scale)
+        opt_subset.apply(subset, update * scale, rows=torch.arange(rows))
+    assert torch.equal(whole, subset)
+    assert opt_whole.skipped == opt_subset.skipped
+    if momentum:
+        assert torch.equal(opt_whole.buffer, opt_subset.buffer)
+    assert torch.isfinite(whole).all()
+
+
+def test_deliver_into_a_reused_buffer_equals_a_fresh_copy():
+    task = small_task()
+    attack = attacks.build("large_gradient", {"mean": 5.0, "std": 1.0})
+    messages = torch.randn(task.train.inputs.shape[0], 4, dtype=torch.float64)
+    original = messages.clone()
+    buffer = torch.full_like(messages, math.nan)
+    fresh = federation(task, attack, seed=3).deliver(messages, 0, "gradient")
+    reused = federation(task, attack, seed=3).deliver(messages, 0, "gradient", out=buffer)
+    assert reused.data_ptr() == buffer.data_ptr()
+    assert torch.equal(reused, fresh)
+    assert torch.equal(messages, original)  # the caller's messages are untouched
+
+
 class _ReverseLabels:
     """A stub data attack: poisons labels, then sends honest rows."""
 

@@ -22,7 +22,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from defenses.radius import CenterDistanceRadius, FixedRadius, QuantileRadius
-from defenses.threshold_clustering import threshold_clustering
+from defenses.threshold_clustering import nearest_centre, threshold_clustering
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -517,3 +517,27 @@ def test_non_finite_initial_centre_is_returned_unchanged_and_captures_nothing(se
     reference = threshold_clustering(points, centres[alive], policy, rounds=2, method=method)
     torch.testing.assert_close(result.centres[alive], reference.centres, rtol=1e-12, atol=1e-12)
     assert torch.equal(result.inside[alive], reference.inside)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 12), st.integers(1, 6), st.integers(0, 10_000))
+def test_nearest_centre_gram_and_direct_agree_away_from_ties(k, n, d, seed):
+    """Both evaluations pick the nearest centre; rounding can only matter at near-ties,
+    which are excluded here (a margin of 1e-6 relative to the scale)."""
+    g = torch.Generator().manual_seed(seed)
+    points = torch.randn(n, d, generator=g, dtype=torch.float64) * 3
+    centres = torch.randn(k, d, generator=g, dtype=torch.float64) * 3
+    exact = torch.cdist(points, centres).sort(dim=-1).values
+    if k > 1:
+        assume(bool(((exact[:, 1] - exact[:, 0]) > 1e-6 * (1 + exact[:, 1])).all()))
+    direct = nearest_centre(points, centres, method="direct")
+    gram = nearest_centre(points, centres, method="gram")
+    assert torch.equal(direct, gram)
+    assert torch.equal(direct, torch.cdist(points, centres).argmin(-1))
+
+
+@pytest.mark.parametrize("method", ["direct", "gram"])
+def test_nearest_centre_sends_inadmissible_points_to_centre_zero(method):
+    points = torch.tensor([[5.0, 5.0], [math.nan, 0.0], [math.inf, 1.0], [1e38, 1e38], [-5.0, -5.0]])
+    centres = torch.tensor([[-5.0, -5.0], [5.0, 5.0]])
+    assert nearest_centre(points, centres, method=method).tolist() == [1, 0, 0, 0, 0]
