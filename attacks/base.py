@@ -15,7 +15,10 @@ construction (``__post_init__`` validates each field and raises ``ValueError`` n
 An attack may also declare ``reads_messages = False`` (a class attribute or a property)
 when its output never depends on the message values it is handed, only on their shape
 and its random stream (large gradient, constant rows).  Engines then skip computing
-the honest vectors of Byzantine senders; see :func:`reads_messages`.
+the honest vectors of Byzantine senders; see :func:`reads_messages`.  Such an attack may
+also offer ``write_rows(rows, context)``, which writes exactly the rows ``__call__``
+would return into ``rows`` in place (a view into the engine's workspace: no fresh
+allocation per delivery).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from attacks._stats import normal_rows, own_rows
+from attacks._stats import fill_normal, normal_rows, own_rows
 from attacks.base import register, require_choice, require_finite
 from robust_pfl.types import AttackContext
 
@@ -40,3 +40,10 @@ class GaussianNoise:
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         noise = normal_rows(messages, context, 0.0, self.std)
         return noise.add_(own_rows(messages, context)) if self.around == "own" else noise
+
+    def write_rows(self, rows: Tensor, context: AttackContext) -> None:
+        """The rows of :meth:`__call__` drawn in place (only valid when
+        :attr:`reads_messages` is false: noise around zero)."""
+        if self.reads_messages:
+            raise ValueError("gaussian_noise.around='own' reads the messages: call the attack instead")
+        fill_normal(rows, context.generator, 0.0, self.std)

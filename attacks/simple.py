@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from attacks._stats import byzantine_shape, normal_rows
+from attacks._stats import byzantine_shape, fill_normal, normal_rows
 from attacks.base import register, require_finite, require_number
 from robust_pfl.types import AttackContext
 
@@ -33,6 +33,10 @@ class LargeGradient:
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return normal_rows(messages, context, self.mean, self.std)
 
+    def write_rows(self, rows: Tensor, context: AttackContext) -> None:
+        """The rows of :meth:`__call__`, drawn in place into ``rows[..., B, d]``."""
+        fill_normal(rows, context.generator, self.mean, self.std)
+
 
 @register
 @dataclass(frozen=True)
@@ -51,3 +55,7 @@ class ConstantValue:
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return messages.new_full(byzantine_shape(messages, context), self.value)
+
+    def write_rows(self, rows: Tensor, context: AttackContext) -> None:
+        """The rows of :meth:`__call__`, written in place into ``rows[..., B, d]``."""
+        rows.fill_(self.value)

@@ -623,7 +623,7 @@ def run_worker(spec: dict[str, Any]) -> None:
 
 
 def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) -> list[dict[str, Any]]:
-    scales = ["n64"] if quick else ["n64", "fig6"]
+    scales = ["n64", "fig6"]
     specs = []
     for scale in scales:
         fc_budgets = [1024] if quick else budgets
@@ -726,6 +726,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--budgets", type=int, nargs="+", default=[256, 1024, 4096], help="FC memory_budget_mb values")
     parser.add_argument("--methods", nargs="+", default=["gram", "direct"], choices=["gram", "direct"])
+    parser.add_argument("--algorithms", nargs="+", default=["fc", "mc"], choices=["fc", "mc"])
+    parser.add_argument("--scales", nargs="+", default=None, choices=["n64", "fig6"],
+                        help="default: n64 with --quick, else both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -733,7 +736,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         run_worker(json.loads(args.worker))
         return 0
-    specs = plan(args.quick, args.receivers, args.budgets, args.methods)
+    scales = args.scales or (["n64"] if args.quick else ["n64", "fig6"])
+    specs = [
+        spec for spec in plan(args.quick, args.receivers, args.budgets, args.methods)
+        if spec["algorithm"] in args.algorithms and spec["scale"] in scales
+    ]
     rows = []
     started = time.perf_counter()
     load_start = load_average()

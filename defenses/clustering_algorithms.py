@@ -16,7 +16,6 @@ from defenses.radius import make_radius
 from defenses.threshold_clustering import (
     ClusteringResult,
     admissible_points,
-    nearest_centre,
     threshold_clustering,
 )
 from robust_pfl.federation import Federation
@@ -204,10 +203,11 @@ class _ServerClustering(Algorithm):
         if centres is None or not self.params.warm_start:
             centres = self._initial_centres(received, generator)
         method = self.params.distance_method(received.shape[-1])
-        centres = threshold_clustering(
-            received, centres, self.policy, self.params.clustering_rounds, method=method
-        ).centres
-        return centres, nearest_centre(received, centres, method=method)
+        result = threshold_clustering(
+            received, centres, self.policy, self.params.clustering_rounds, method=method, final_distances=True
+        )
+        # nearest centre; a point infinitely far from all (inadmissible) gets centre 0
+        return result.centres, result.distances.argmin(dim=0)
 
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive

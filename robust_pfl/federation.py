@@ -194,15 +194,33 @@ class Federation:
             senders=senders,
             defense_state=dict(defense_state or {}),
         )
+        span = _block_span(byzantine)
+        writer = getattr(self.attack, "write_rows", None)
+        if writer is not None and span is not None and not attack_reads_messages(self.attack):
+            # the Byzantine rows are one block and the attack never reads them: it
+            # draws straight into the delivered tensor (no fresh rows, no scatter)
+            delivered = self._delivery_target(messages, inplace, out)
+            writer(delivered[..., span[0] : span[1], :], context)
+            return delivered
         malicious = self.attack(messages, context)
         expected = (*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
         if tuple(malicious.shape) != expected:
             raise ValueError(
                 f"attack returned shape {tuple(malicious.shape)}, expected {expected}"
             )
-        if inplace:
-            delivered = messages
-        else:
-            delivered = messages.clone() if out is None else out.copy_(messages)
+        delivered = self._delivery_target(messages, inplace, out)
         delivered[..., byzantine, :] = malicious.to(messages.dtype)
         return delivered
+
+    @staticmethod
+    def _delivery_target(messages: Tensor, inplace: bool, out: Tensor | None) -> Tensor:
+        if inplace:
+            return messages
+        return messages.clone() if out is None else out.copy_(messages)
+
+
+def _block_span(mask: Tensor) -> tuple[int, int] | None:
+    """``(start, stop)`` when the set rows of ``mask`` are one contiguous block."""
+    positions = mask.nonzero().squeeze(-1)
+    start, stop = int(positions[0]), int(positions[-1]) + 1
+    return (start, stop) if stop - start == positions.numel() else None

@@ -173,6 +173,22 @@ def test_an_attack_that_declares_it_reads_no_message_ignores_their_values(name, 
     assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
 
 
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
+def test_write_rows_draws_exactly_what_the_call_returns(name, options):
+    """``write_rows`` (used by ``deliver`` to draw straight into a workspace) writes the
+    rows ``__call__`` returns, bit for bit, into a strided view of ``[M, S, d]``."""
+    attack = attacks.build(name, options)
+    if attacks.reads_messages(attack) or not hasattr(attack, "write_rows"):
+        return
+    byzantine = torch.tensor([False, False, False, False, False, True, True])  # one block
+    values = messages(M, S, D)
+    returned = attack(values, context(byzantine=byzantine, seed=9))
+    workspace = values.clone()
+    attack.write_rows(workspace[:, 5:], context(byzantine=byzantine, seed=9))
+    assert identical(workspace[:, 5:], returned)
+    assert identical(workspace[:, :5], values[:, :5])
+
+
 def test_reads_messages_follows_the_configuration():
     assert not attacks.reads_messages(attacks.build("gaussian_noise", {"around": "zero"}))
     assert attacks.reads_messages(attacks.build("gaussian_noise", {"around": "own"}))

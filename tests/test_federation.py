@@ -448,6 +448,43 @@ def test_deliver_into_a_reused_buffer_equals_a_fresh_copy():
     assert torch.equal(messages, original)  # the caller's messages are untouched
 
 
+class _CallOnly:
+    """Wraps an attack, hiding its ``write_rows``: deliver must take the call path."""
+
+    reads_messages = False
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, messages, context):
+        return self.inner(messages, context)
+
+
+@pytest.mark.parametrize("mode", ["fresh", "out", "inplace"])
+@pytest.mark.parametrize("byzantine_rows", [[4, 5], [1, 4]], ids=["block", "scattered"])
+def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows):
+    """With a Byzantine block and an attack that reads nothing, deliver lets the
+    attack draw straight into the delivered tensor; the delivered messages are those of
+    the call-and-scatter path, bit for bit, and the caller's messages are untouched
+    unless delivered in place."""
+    task = small_task()
+    byzantine = torch.zeros(task.train.inputs.shape[0], dtype=torch.bool)
+    byzantine[byzantine_rows] = True
+    attack = attacks.build("large_gradient", {"mean": 5.0, "std": 1.0})
+    results = []
+    for chosen in (attack, _CallOnly(attack)):
+        fed = Federation(task.objective, task.train, task.cluster_ids, byzantine, 3, 3, chosen)
+        messages = torch.randn(3, byzantine.numel(), 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        original = messages.clone()
+        kwargs = {"inplace": True} if mode == "inplace" else {"out": torch.empty_like(messages)} if mode == "out" else {}
+        delivered = fed.deliver(messages, 0, "cross_gradient", **kwargs)
+        assert torch.equal(delivered[:, ~byzantine], original[:, ~byzantine])
+        if mode != "inplace":
+            assert torch.equal(messages, original)
+        results.append(delivered.clone())
+    assert torch.equal(results[0], results[1])
+
+
 class _ReverseLabels:
     """A stub data attack: poisons labels, then sends honest rows."""
 
