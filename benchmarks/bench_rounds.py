@@ -185,15 +185,21 @@ class GradientMeter:
             self.chunk_rows.append(params.shape[0])
             return result
 
-        def timed_paired(params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        def timed_paired(params: Tensor, batch: Batch, out: Tensor | None = None, **options: Any) -> Tensor:
             start = time.perf_counter()
-            result = paired(params, batch, out=out)
+            result = paired(params, batch, out=out, **options)
             self.seconds += time.perf_counter() - start
-            self.pairs += params.shape[0]
             return result
+
+        objective_paired = fed.objective.paired_gradients
+
+        def counted_paired(params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+            self.pairs += params.shape[0]  # rows actually computed (unread Byzantine rows are skipped)
+            return objective_paired(params, batch, out=out)
 
         fed.cross_gradients = timed_cross  # type: ignore[method-assign]
         fed.gradients = timed_paired  # type: ignore[method-assign]
+        object.__setattr__(fed.objective, "paired_gradients", counted_paired)
 
     def reset(self) -> None:
         self.seconds = 0.0

@@ -177,13 +177,14 @@ class _ServerClustering(Algorithm):
 
     def _buffer(self, name: str) -> Tensor:
         if name not in self._buffers:
-            self._buffers[name] = torch.empty_like(self.models)
+            self._buffers[name] = torch.zeros_like(self.models)
         return self._buffers[name]
 
     def _own_gradients(self) -> Tensor:
-        """``g_i(x_i)`` of every client this round, in a reused buffer."""
+        """``g_i(x_i)`` of every client this round, in a reused buffer.  Byzantine rows
+        that the attack overwrites unread are not computed (they stay zero)."""
         fed = self.federation
-        return fed.gradients(self.models, fed.sample_batch(), out=self._buffer("gradients"))
+        return fed.gradients(self.models, fed.sample_batch(), out=self._buffer("gradients"), skip_unread=True)
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
         if self.params.init == "kmeans++":

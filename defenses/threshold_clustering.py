@@ -217,17 +217,17 @@ def _run_gram(
         change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
         if bool(change.any()):
-            x = sigma.unsqueeze(-1) * x + t.unsqueeze(-1) * w
+            x.mul_(sigma.unsqueeze(-1)).addcmul_(w, t.unsqueeze(-1))  # x = v (x is ours)
             sigma, t = torch.ones_like(sigma), torch.zeros_like(t)
             delta = _weighted_rows(change, z)
-            w = w + delta
+            w += delta
             xx, xw, ww = _rowdot(x, x), _rowdot(x, w), _rowdot(w, w)
             if round_index + 1 < rounds or final_distances:
                 ball_dots += torch.bmm(z, delta.transpose(1, 2))
         keep = 1 - inside.sum(-1).to(z.dtype) / n  # a_l, [B, K]
         sigma, t = keep * sigma, keep * t + 1.0 / n
         dots = dots * keep.unsqueeze(1) + ball_dots / n
-    centres = sigma.unsqueeze(-1) * x + t.unsqueeze(-1) * w
+    centres = x.mul_(sigma.unsqueeze(-1)).addcmul_(w, t.unsqueeze(-1))
     distances = None
     if final_distances:
         distances = _gram_distances(norms, dots, _rowdot(centres, centres), admissible)
@@ -256,8 +256,9 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """``<a_k, b_k>`` over the last dimension, ``[B, K]``."""
-    return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1))[..., 0, 0]
+    """``<a_k, b_k>`` over the last dimension, ``[B, K]`` (``vecdot`` measured 5x faster
+    than a batched ``[1, d] x [d, 1]`` product)."""
+    return torch.linalg.vecdot(a, b, dim=-1)
 
 
 def _gram_distances(norms: Tensor, dots: Tensor, centre_norms: Tensor, admissible: Tensor) -> Tensor:

@@ -141,10 +141,24 @@ class Federation:
         """This round's batch for every client (seeded, one gather)."""
         return self.train.sample(self.batch_size, self._batch_rng)
 
-    def gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+    def gradients(
+        self, params: Tensor, batch: Batch, out: Tensor | None = None, skip_unread: bool = False
+    ) -> Tensor:
         """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]`` (into the
-        reusable buffer ``out`` if given)."""
-        return self.objective.paired_gradients(params, batch, out=out)
+        reusable buffer ``out`` if given).
+
+        ``skip_unread=True`` (with ``out``): when the attack overwrites the Byzantine
+        rows unread (:attr:`byzantine_rows_read` is false) and they form one block of
+        rows, only the honest rows are computed and the Byzantine rows of ``out`` are
+        left as they are."""
+        span = _block_span(self.byzantine)
+        if not skip_unread or out is None or self.byzantine_rows_read or span is None:
+            return self.objective.paired_gradients(params, batch, out=out)
+        for start, stop in ((0, span[0]), (span[1], self.clients)):
+            if stop > start:
+                part = Batch(batch.inputs[start:stop], batch.targets[start:stop])
+                self.objective.paired_gradients(params[start:stop], part, out=out[start:stop])
+        return out
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         """Honest ``g_j(x_m)`` for model rows ``params[M, d]``: ``[M, N, d]``."""
@@ -220,7 +234,10 @@ class Federation:
 
 
 def _block_span(mask: Tensor) -> tuple[int, int] | None:
-    """``(start, stop)`` when the set rows of ``mask`` are one contiguous block."""
+    """``(start, stop)`` when the set rows of ``mask`` are one non-empty contiguous
+    block, else ``None``."""
     positions = mask.nonzero().squeeze(-1)
+    if positions.numel() == 0:
+        return None
     start, stop = int(positions[0]), int(positions[-1]) + 1
     return (start, stop) if stop - start == positions.numel() else None

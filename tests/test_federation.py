@@ -485,6 +485,43 @@ def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows):
     assert torch.equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("byzantine_rows", [[4, 5], [0, 1], [2, 3], [1, 4]], ids=["tail", "head", "middle", "scattered"])
+@pytest.mark.parametrize("reads", [False, True])
+def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, reads):
+    """``skip_unread=True`` computes only the honest rows when the attack reads nothing
+    and the Byzantine rows are one block; honest rows equal the full computation and
+    the Byzantine rows of ``out`` are left untouched.  Otherwise every row is computed."""
+    task = small_task()
+    n = task.train.inputs.shape[0]
+    byzantine = torch.zeros(n, dtype=torch.bool)
+    byzantine[byzantine_rows] = True
+    attack = attacks.build("large_gradient")
+    if reads:
+        attack = _ReadingWrapper(attack)
+    fed = Federation(task.objective, task.train, task.cluster_ids, byzantine, 0, 3, attack)
+    params = torch.randn(n, task.objective.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    batch = fed.sample_batch()
+    full = fed.gradients(params, batch)
+    out = torch.full_like(full, 7.0)
+    fed.gradients(params, batch, out=out, skip_unread=True)
+    torch.testing.assert_close(out[~byzantine], full[~byzantine], rtol=1e-12, atol=1e-12)
+    skipped = not reads and byzantine_rows != [1, 4]
+    if skipped:
+        assert bool((out[byzantine] == 7.0).all())
+    else:
+        torch.testing.assert_close(out[byzantine], full[byzantine], rtol=1e-12, atol=1e-12)
+
+
+class _ReadingWrapper:
+    reads_messages = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, messages, context):
+        return self.inner(messages, context)
+
+
 class _ReverseLabels:
     """A stub data attack: poisons labels, then sends honest rows."""
 
