@@ -221,8 +221,16 @@ class _ServerClustering(Algorithm):
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor:
         fed = self.federation
         state = {"centres": self.centres, "radius_policy": self.policy, "aggregate": self._probe}
+        # An attack that reads nothing overwrites the Byzantine rows in place: those rows
+        # of ``vectors`` carry nothing honest to keep (see Federation.byzantine_rows_read).
+        unread = not fed.byzantine_rows_read
         received = fed.deliver(
-            vectors, round_index, self.message_kind, defense_state=state, out=self._buffer("received")
+            vectors,
+            round_index,
+            self.message_kind,
+            defense_state=state,
+            inplace=unread,
+            out=None if unread else self._buffer("received"),
         )
         self.centres, self.assignment = self._cluster(received, self._init_rng)
         updates = torch.index_select(self.centres, 0, self.assignment, out=self._buffer("updates"))

@@ -189,6 +189,27 @@ def test_write_rows_draws_exactly_what_the_call_returns(name, options):
     assert identical(workspace[:, :5], values[:, :5])
 
 
+def test_large_noise_blocks_do_not_depend_on_the_thread_count():
+    """Blocks above 2^21 values are drawn in fixed parts on a thread pool: the values
+    are the same with 1 and 2 torch threads, and still N(mean, std^2)."""
+    from attacks._stats import fill_normal
+
+    draws = []
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            rows = torch.empty(2, 3, (1 << 21) // 3 + 5)  # two blocks of 2^21 + 15 values
+            fill_normal(rows, torch.Generator().manual_seed(8), 3.0, 2.0)
+            draws.append(rows)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(draws[0], draws[1])
+    flat = draws[0].double().flatten()
+    assert abs(float(flat.mean()) - 3.0) < 0.01 and abs(float(flat.std()) - 2.0) < 0.01
+    assert not torch.equal(draws[0][0], draws[0][1])  # blocks get different values
+
+
 def test_reads_messages_follows_the_configuration():
     assert not attacks.reads_messages(attacks.build("gaussian_noise", {"around": "zero"}))
     assert attacks.reads_messages(attacks.build("gaussian_noise", {"around": "own"}))
