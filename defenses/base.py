@@ -112,8 +112,9 @@ class HeavyBall:
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
         """:meth:`apply` on every row, through two reused scratch tensors (a fresh
-        ``[N, d]`` result per round costs page faults).  The committed buffer is always
-        finite, so a finite new buffer implies a finite update."""
+        ``[N, d]`` result per round costs page faults).  The same checks as the row
+        path (row sums, so an overflowing sum of finite entries is rejected too); the
+        update is the buffer itself without momentum."""
         if self._moved is None or self._moved.shape != params.shape:
             self._moved = torch.empty_like(params)
             self._spare = torch.empty_like(self.buffer)
@@ -123,6 +124,8 @@ class HeavyBall:
             buffer = update
         moved = torch.add(params, buffer, alpha=-self.lr, out=self._moved)
         ok = _finite_rows(buffer) & _finite_rows(moved)
+        if self.momentum:
+            ok &= _finite_rows(update)
         if not bool(ok.all()):
             ok = ok.unsqueeze(-1)
             self.skipped += int((~ok).sum())
