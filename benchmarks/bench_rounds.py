@@ -193,9 +193,9 @@ class GradientMeter:
 
         objective_paired = fed.objective.paired_gradients
 
-        def counted_paired(params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        def counted_paired(params: Tensor, batch: Batch, out: Tensor | None = None, **options: Any) -> Tensor:
             self.pairs += params.shape[0]  # rows actually computed (unread Byzantine rows are skipped)
-            return objective_paired(params, batch, out=out)
+            return objective_paired(params, batch, out=out, **options)
 
         fed.cross_gradients = timed_cross  # type: ignore[method-assign]
         fed.gradients = timed_paired  # type: ignore[method-assign]

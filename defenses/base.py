@@ -55,7 +55,9 @@ class Algorithm:
         self.params = params
         #: Records returned by :meth:`step` hold private copies, safe to keep across
         #: rounds.  A runner that reads each record only within its round may turn
-        #: this off; algorithms then hand out the buffers they reuse next round.
+        #: this off; algorithms then hand out the buffers they reuse next round and
+        #: may leave out what they never materialise (MC's gradients, blended into
+        #: the momenta as they are produced).
         self.snapshot_records = True
 
     def kept(self, tensor: Tensor) -> Tensor:
@@ -109,6 +111,27 @@ class HeavyBall:
             moved = torch.where(ok, moved, params[rows])
         self.buffer[rows] = buffer
         params[rows] = moved
+
+    def apply_gathered(self, params: Tensor, source: Tensor, index: Tensor, out: Tensor) -> Tensor:
+        """``apply(params, source[index])`` when every update row is one of a few
+        ``source`` rows (Alg. 4 sends each client its cluster's centre); the gathered
+        updates land in ``out`` and are returned.
+
+        Without momentum, when every source row passes :meth:`apply`'s check and no
+        parameter can overflow (``d (max|x| + lr max|v|)`` under half the dtype's
+        maximum, which also keeps every new row's sum finite), no row can be skipped:
+        the step is done in place with :meth:`apply`'s own arithmetic
+        (``x + (-lr) v``), saving the candidate tensor, its checks and its copy.
+        Otherwise this is :meth:`apply`."""
+        updates = torch.index_select(source, 0, index, out=out)
+        if self.momentum == 0 and bool(_finite_rows(source).all()) and params.numel():
+            low, high = torch.aminmax(params)
+            largest = max(abs(float(low)), abs(float(high))) + self.lr * float(source.abs().max())
+            if params.shape[-1] * largest < 0.5 * torch.finfo(params.dtype).max:  # NaN fails too
+                params.add_(updates, alpha=-self.lr)
+                return updates
+        self.apply(params, updates)
+        return updates
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
         """:meth:`apply` on every row, through two reused scratch tensors (a fresh

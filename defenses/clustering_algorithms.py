@@ -180,11 +180,13 @@ class _ServerClustering(Algorithm):
             self._buffers[name] = torch.zeros_like(self.models)
         return self._buffers[name]
 
-    def _own_gradients(self) -> Tensor:
-        """``g_i(x_i)`` of every client this round, in a reused buffer.  Byzantine rows
-        that the attack overwrites unread are not computed (they stay zero)."""
+    def _own_gradients(self, into: Tensor | None = None, blend: float | None = None) -> Tensor:
+        """``g_i(x_i)`` of every client this round, in a reused buffer (or blended into
+        ``into`` as ``lerp(into, g, blend)``).  Byzantine rows that the attack
+        overwrites unread are not computed (they stay as they were)."""
         fed = self.federation
-        return fed.gradients(self.models, fed.sample_batch(), out=self._buffer("gradients"), skip_unread=True)
+        out = self._buffer("gradients") if into is None else into
+        return fed.gradients(self.models, fed.sample_batch(), out=out, skip_unread=True, blend=blend)
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
         if self.params.init == "kmeans++":
@@ -233,11 +235,9 @@ class _ServerClustering(Algorithm):
             out=None if unread else self._buffer("received"),
         )
         self.centres, self.assignment = self._cluster(received, self._init_rng)
-        updates = torch.index_select(self.centres, 0, self.assignment, out=self._buffer("updates"))
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.
-        self.optimizer.apply(self.models, updates)
-        return updates
+        return self.optimizer.apply_gathered(self.models, self.centres, self.assignment, self._buffer("updates"))
 
     def client_models(self) -> Tensor:
         return self.models
@@ -295,12 +295,17 @@ class MomentumClustering(_ServerClustering):
         self.momenta = torch.zeros_like(self.models)
 
     def step(self, round_index: int) -> RoundRecord:
-        grads = self._own_gradients()
-        self.momenta.lerp_(grads, self.params.alpha)  # alpha g + (1 - alpha) m, in place
+        alpha = self.params.alpha
+        if self.snapshot_records:  # the record keeps this round's gradients
+            grads = self._own_gradients()
+            self.momenta.lerp_(grads, alpha)  # alpha g + (1 - alpha) m, in place
+        else:  # blended into the momenta as they are produced: one pass fewer
+            grads = None
+            self._own_gradients(into=self.momenta, blend=alpha)
         updates = self._cluster_and_update(round_index, self.momenta)
         return RoundRecord(
             round_index,
-            gradients=self.kept(grads),
+            gradients=None if grads is None else self.kept(grads),
             momenta=self.kept(self.momenta),
             updates=self.kept(updates),
             centres=self.centres,

@@ -142,10 +142,17 @@ class Federation:
         return self.train.sample(self.batch_size, self._batch_rng)
 
     def gradients(
-        self, params: Tensor, batch: Batch, out: Tensor | None = None, skip_unread: bool = False
+        self,
+        params: Tensor,
+        batch: Batch,
+        out: Tensor | None = None,
+        skip_unread: bool = False,
+        blend: float | None = None,
     ) -> Tensor:
         """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]`` (into the
-        reusable buffer ``out`` if given).
+        reusable buffer ``out`` if given; ``blend = alpha`` blends them into ``out``
+        as ``torch.lerp(out, g, alpha)`` instead, see
+        :meth:`~robust_pfl.objectives.Objective.paired_gradients`).
 
         ``skip_unread=True`` (with ``out``): when the attack overwrites the Byzantine
         rows unread (:attr:`byzantine_rows_read` is false) and they form one block of
@@ -153,11 +160,11 @@ class Federation:
         left as they are."""
         span = _block_span(self.byzantine)
         if not skip_unread or out is None or self.byzantine_rows_read or span is None:
-            return self.objective.paired_gradients(params, batch, out=out)
+            return self.objective.paired_gradients(params, batch, out=out, blend=blend)
         for start, stop in ((0, span[0]), (span[1], self.clients)):
             if stop > start:
                 part = Batch(batch.inputs[start:stop], batch.targets[start:stop])
-                self.objective.paired_gradients(params[start:stop], part, out=out[start:stop])
+                self.objective.paired_gradients(params[start:stop], part, out=out[start:stop], blend=blend)
         return out
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:

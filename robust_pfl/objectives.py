@@ -57,11 +57,17 @@ class Objective:
         raise NotImplementedError
 
     # -- batched evaluations (torch.func reference implementation) --------------------
-    def paired_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+    def paired_gradients(
+        self, params: Tensor, batch: Batch, out: Tensor | None = None, blend: float | None = None
+    ) -> Tensor:
         """``g_i(x_i)`` for all clients: ``params[N, d]`` -> ``[N, d]`` (written into
-        ``out``, a reusable ``[N, d]`` buffer, if given)."""
+        ``out``, a reusable ``[N, d]`` buffer, if given).
+
+        ``blend = alpha`` (with ``out``): ``out <- torch.lerp(out, g, alpha)``, i.e.
+        ``alpha g + (1 - alpha) out`` (a momentum, Alg. 4 eq. 29), applied as the
+        gradient is produced; no gradient tensor is kept."""
         result = vmap(grad(self.loss))(params, batch.inputs, batch.targets)
-        return result if out is None else out.copy_(result)
+        return write_into(out, result, blend)
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         """``g_j(x_m)`` for every model row ``m`` and client ``j``: ``[M, N, d]``.
@@ -71,7 +77,7 @@ class Objective:
         """
         per_client = vmap(grad(self.loss), in_dims=(None, 0, 0))
         result = vmap(per_client, in_dims=(0, None, None))(params, batch.inputs, batch.targets)
-        return result if out is None else out.copy_(result)
+        return write_into(out, result)
 
     def cross_losses(self, params: Tensor, batch: Batch) -> Tensor:
         """``f_j(x_m)`` for every model row ``m`` and client ``j``: ``[M, N]``."""
@@ -256,12 +262,15 @@ class DenseNetwork(Objective):
         return _loss_from_outputs(out, targets, self.loss_kind).mean()
 
     # -- batched fast path -------------------------------------------------------------
-    def paired_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+    def paired_gradients(
+        self, params: Tensor, batch: Batch, out: Tensor | None = None, blend: float | None = None
+    ) -> Tensor:
         if self.engine == "func":
-            return super().paired_gradients(params, batch, out)
+            return super().paired_gradients(params, batch, out, blend)
         x = batch.inputs.reshape(batch.inputs.shape[0], batch.inputs.shape[1], -1)
         block = None if out is None else out.unsqueeze(1)
-        return self._batched_gradients(params, x, batch.targets, clients_per_model=1, out=block)[:, 0]
+        grads = self._batched_gradients(params, x, batch.targets, clients_per_model=1, out=block, blend=blend)
+        return grads[:, 0]
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         if self.engine == "func":
@@ -323,12 +332,14 @@ class DenseNetwork(Objective):
         y: Tensor,
         clients_per_model: int,
         out: Tensor | None = None,
+        blend: float | None = None,
     ) -> Tensor:
         """Per-(model, client) gradients by a hand-written backward pass.
 
         ``x[M or 1, R, in]`` holds ``R = clients_per_model * batch`` rows per model;
         the gradient of each client's mean loss is taken over its own ``batch`` rows.
-        Returns ``[M, clients_per_model, d]``.
+        Returns ``[M, clients_per_model, d]``; with ``blend`` each block is blended
+        into ``out`` as in :meth:`Objective.paired_gradients`.
         """
         models = params.shape[0]
         c = clients_per_model
@@ -336,6 +347,8 @@ class DenseNetwork(Objective):
         logits = acts[-1]
         per_client = logits.shape[1] // c
         dz = _output_gradient(logits, y, self.loss_kind) / per_client  # [M, R, out]
+        if blend is not None and out is None:
+            raise ValueError("blend needs an out tensor to blend into")
         grads = params.new_empty(models, c, self.dim) if out is None else out
         for index in range(len(self.layers) - 1, -1, -1):
             layer = self.layers[index]
@@ -343,9 +356,10 @@ class DenseNetwork(Objective):
             a_prev_c = a_prev.reshape(a_prev.shape[0], c, per_client, layer.in_features)
             dz_c = dz.reshape(models, c, per_client, layer.out_features)
             weight_block = grads[..., layer.offset : layer.offset + layer.weight_size]
-            _weight_gradients(dz_c, a_prev_c, weight_block, self._scratch)
+            _weight_gradients(dz_c, a_prev_c, weight_block, self._scratch, blend)
             if layer.bias:
-                grads[..., layer.offset + layer.weight_size : layer.offset + layer.size] = dz_c.sum(2)
+                bias_block = grads[..., layer.offset + layer.weight_size : layer.offset + layer.size]
+                write_into(bias_block, dz_c.sum(2), blend)
             if index > 0:
                 w, _ = self._unflatten(params, layer)
                 dz = torch.bmm(dz, w).mul_(acts[index] > 0)  # ReLU'(z) = 1[a > 0]
@@ -357,8 +371,18 @@ class DenseNetwork(Objective):
 _LOOP_MIN_BLOCK = 1 << 16
 
 
+def write_into(out: Tensor | None, value: Tensor, blend: float | None = None) -> Tensor:
+    """``value`` written into ``out``: copied, or with ``blend = alpha`` blended as
+    ``out <- torch.lerp(out, value, alpha)``; ``value`` itself when ``out`` is None."""
+    if out is None:
+        if blend is not None:
+            raise ValueError("blend needs an out tensor to blend into")
+        return value
+    return out.copy_(value) if blend is None else out.lerp_(value, blend)
+
+
 def _weight_gradients(
-    dz: Tensor, a_prev: Tensor, out: Tensor, scratch: dict[tuple, Tensor]
+    dz: Tensor, a_prev: Tensor, out: Tensor, scratch: dict[tuple, Tensor], blend: float | None = None
 ) -> None:
     """Write per-(model, client) weight gradients ``dz^T a`` into ``out[M, c, out*in]``.
 
@@ -381,7 +405,7 @@ def _weight_gradients(
         block = _scratch_block(scratch, (clients, shape_out, shape_in), dz)
         for m in range(models):
             torch.bmm(dz[m].transpose(1, 2), shared, out=block)
-            out[m].copy_(block.reshape(clients, -1))
+            write_into(out[m], block.reshape(clients, -1), blend)
     elif a_prev.shape[0] == models:
         pairs = models * clients
         block = _scratch_block(scratch, (pairs, shape_out, shape_in), dz)
@@ -390,10 +414,10 @@ def _weight_gradients(
             a_prev.reshape(pairs, *a_prev.shape[2:]),
             out=block,
         )
-        out.copy_(block.reshape(models, clients, -1))
+        write_into(out, block.reshape(models, clients, -1), blend)
     else:
         gw = torch.matmul(dz.transpose(-1, -2), a_prev)
-        out.copy_(gw.reshape(models, clients, -1))
+        write_into(out, gw.reshape(models, clients, -1), blend)
 
 
 def _scratch_block(scratch: dict[tuple, Tensor], shape: tuple[int, ...], like: Tensor) -> Tensor:

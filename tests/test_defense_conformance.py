@@ -281,8 +281,9 @@ def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name):
 @pytest.mark.parametrize("name", METHODS)
 def test_turning_record_snapshots_off_changes_no_result(name):
     """``snapshot_records = False`` (what the experiment runner sets) only lets records
-    alias the algorithm's reused buffers: models and this round's records are
-    bit-identical to the snapshotting run."""
+    alias the algorithm's reused buffers (and leave out what is never materialised,
+    MC's gradients): models and every tensor a record still carries are bit-identical
+    to the snapshotting run."""
     runs = []
     for snapshot in (True, False):
         task = make_task(0, method=name)
@@ -296,8 +297,8 @@ def test_turning_record_snapshots_off_changes_no_result(name):
     (models_on, records_on), (models_off, records_off) = runs
     assert torch.equal(models_on, models_off)
     for on, off in zip(records_on, records_off):
-        assert on.keys() == off.keys()
-        for key in on:
+        assert set(off) <= set(on) and {"updates"} & set(on) <= set(off)
+        for key in off:
             assert torch.equal(on[key], off[key]), key
 
 

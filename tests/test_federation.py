@@ -435,6 +435,35 @@ def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum,
     assert torch.isfinite(whole).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 3),
+    st.sampled_from([0.0, 0.9]),
+    st.sampled_from([0.0, 1.0, -2.5, 1e38, -3e38, math.nan, math.inf]),
+    st.sampled_from([1.0, 3e37, 3e38]),
+    st.integers(0, 1000),
+)
+def test_heavy_ball_gathered_step_equals_apply(rows, k, momentum, hostile, scale, seed):
+    """``apply_gathered`` (MC's in-place step from K centres) is ``apply`` on the
+    gathered rows: same parameters, buffer and skip count, with hostile centres and
+    parameters near float32's overflow."""
+    g = torch.Generator().manual_seed(seed)
+    params = torch.randn(rows, 4, generator=g) * scale
+    source = torch.randn(k, 4, generator=g)
+    source[0, 1] = hostile
+    index = torch.randint(0, k, (rows,), generator=g)
+    gathered, plain = params.clone(), params.clone()
+    opt_gathered, opt_plain = HeavyBall(0.5, momentum, gathered), HeavyBall(0.5, momentum, plain)
+    for _ in range(2):
+        returned = opt_gathered.apply_gathered(gathered, source, index, torch.empty(rows, 4))
+        assert torch.equal(returned.view(torch.int32), source[index].view(torch.int32))  # NaN too
+        opt_plain.apply(plain, source[index])
+    assert torch.equal(gathered, plain)
+    assert opt_gathered.skipped == opt_plain.skipped
+    assert torch.equal(opt_gathered.buffer, opt_plain.buffer)
+
+
 def test_deliver_into_a_reused_buffer_equals_a_fresh_copy():
     task = small_task()
     attack = attacks.build("large_gradient", {"mean": 5.0, "std": 1.0})
