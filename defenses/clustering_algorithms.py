@@ -186,7 +186,8 @@ class _ServerClustering(Algorithm):
         overwrites unread are not computed (they stay as they were)."""
         fed = self.federation
         out = self._buffer("gradients") if into is None else into
-        return fed.gradients(self.models, fed.sample_batch(), out=out, skip_unread=True, blend=blend)
+        batch = fed.sample_batch(reuse=True)  # consumed at once
+        return fed.gradients(self.models, batch, out=out, skip_unread=True, blend=blend)
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
         if self.params.init == "kmeans++":

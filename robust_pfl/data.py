@@ -40,13 +40,22 @@ class ClientData(Batch):
     def samples_per_client(self) -> int:
         return self.inputs.shape[1]
 
-    def sample(self, batch_size: int | None, generator: torch.Generator) -> Batch:
+    def sample(self, batch_size: int | None, generator: torch.Generator, out: Batch | None = None) -> Batch:
         """A batch of ``batch_size`` distinct samples per client, drawn without
-        replacement within each client; ``None`` or ``>= n`` gives the full data."""
+        replacement within each client; ``None`` or ``>= n`` gives the full data.
+
+        ``out``: a batch of the right shapes to gather into (the same values; a fresh
+        gather page-faults, measured 4x slower at 250 clients x 32 MNIST images)."""
         n_clients, n = self.inputs.shape[:2]
         if batch_size is None or batch_size >= n:
             return Batch(self.inputs, self.targets)
         keys = torch.rand(n_clients, n, generator=generator, device=generator.device)
         index = keys.argsort(dim=1)[:, :batch_size].to(self.inputs.device)
         rows = torch.arange(n_clients, device=self.inputs.device).unsqueeze(1)
-        return Batch(self.inputs[rows, index], self.targets[rows, index])
+        if out is None:
+            return Batch(self.inputs[rows, index], self.targets[rows, index])
+        flat = (rows * n + index).reshape(-1)
+        for source, target in ((self.inputs, out.inputs), (self.targets, out.targets)):
+            torch.index_select(source.reshape(n_clients * n, *source.shape[2:]), 0, flat,
+                               out=target.view(n_clients * batch_size, *source.shape[2:]))
+        return out

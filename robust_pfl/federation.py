@@ -66,6 +66,7 @@ class Federation:
         self.byzantine = self.byzantine.to(self.device).bool()
         self._batch_rng = make_generator(self.seed, "batches", self.device)
         self._attack_rng = make_generator(self.seed, "attack", self.device)
+        self._batch_buffer: Batch | None = None
 
     def redeal(self, train: ClientData) -> None:
         """Replace every client's training data (same shapes), e.g. the official code's
@@ -137,9 +138,20 @@ class Federation:
         return self.objective.init(count, cpu, self.dtype).to(self.device)
 
     # -- client computation -------------------------------------------------------------
-    def sample_batch(self) -> Batch:
-        """This round's batch for every client (seeded, one gather)."""
-        return self.train.sample(self.batch_size, self._batch_rng)
+    def sample_batch(self, reuse: bool = False) -> Batch:
+        """This round's batch for every client (seeded, one gather).  ``reuse=True``
+        gathers into a buffer that the next ``reuse=True`` call overwrites (for a batch
+        consumed at once); the values are the same either way."""
+        if not reuse or self.batch_size is None or self.batch_size >= self.train.samples_per_client:
+            return self.train.sample(self.batch_size, self._batch_rng)
+        buffer = self._batch_buffer
+        if buffer is None or buffer.inputs.dtype != self.train.inputs.dtype or buffer.inputs.device != self.train.inputs.device:
+            shape = (self.clients, self.batch_size)
+            self._batch_buffer = Batch(
+                self.train.inputs.new_empty(*shape, *self.train.inputs.shape[2:]),
+                self.train.targets.new_empty(*shape, *self.train.targets.shape[2:]),
+            )
+        return self.train.sample(self.batch_size, self._batch_rng, out=self._batch_buffer)
 
     def gradients(
         self,

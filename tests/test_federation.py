@@ -184,6 +184,19 @@ def test_attack_noise_is_seeded():
     assert not torch.equal(outs[0], outs[2])
 
 
+def test_reused_batches_hold_the_same_samples():
+    """``sample_batch(reuse=True)`` gathers into one buffer: the same samples as a fresh
+    gather from the same stream, round after round."""
+    task = small_task()
+    fresh, reused = federation(task, seed=4), federation(task, seed=4)
+    buffers = set()
+    for _ in range(4):
+        a, b = fresh.sample_batch(), reused.sample_batch(reuse=True)
+        assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+        buffers.add(b.inputs.data_ptr())
+    assert len(buffers) == 1
+
+
 def test_sample_batch_draws_distinct_own_samples():
     task = small_task()
     fed = federation(task, batch_size=4)
