@@ -654,7 +654,7 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                     "algorithm": "mc",
                     "scale": scale,
                     "method": method,
-                    "rounds": 3 if scale == "n64" else 2,
+                    "rounds": 5,  # the first rounds after seeding cost more: time several
                     "loop_rounds": 2,
                 }
             )
