@@ -155,6 +155,8 @@ def _run_direct(
     rounds: int,
     final_distances: bool,
 ) -> ClusteringResult:
+    """Eq. 24 from coordinates (``norms`` is unused: the two evaluations share one
+    signature)."""
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
