@@ -136,7 +136,7 @@ def fill_normal(rows: Tensor, generator: torch.Generator, mean: float, std: floa
 # core (measured 1.9x faster with 4 parts on 2 cores).  The parts are fixed by size,
 # so the values never depend on the number of threads.
 _PART_VALUES = 1 << 21
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
 
 
 def _fill_block(block: Tensor, generator: torch.Generator, mean: float, std: float) -> None:
@@ -161,6 +161,8 @@ def _fill_block(block: Tensor, generator: torch.Generator, mean: float, std: flo
         for part in range(parts):
             draw(part)
         return
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)))
-    list(_POOL[0].map(draw, range(parts)))
+    pid = os.getpid()
+    if pid not in _POOL:
+        _POOL.clear()
+        _POOL[pid] = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2))
+    list(_POOL[pid].map(draw, range(parts)))

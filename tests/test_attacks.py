@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -208,6 +210,25 @@ def test_large_noise_blocks_do_not_depend_on_the_thread_count():
     flat = draws[0].double().flatten()
     assert abs(float(flat.mean()) - 3.0) < 0.01 and abs(float(flat.std()) - 2.0) < 0.01
     assert not torch.equal(draws[0][0], draws[0][1])  # blocks get different values
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork (POSIX)")
+def test_large_noise_blocks_draw_in_a_forked_child():
+    """A child forked after the parent used the noise thread pool (a multiprocessing
+    grid worker) draws the same values, in its own pool (the child gives up after
+    20 s rather than hang the suite)."""
+    from attacks._stats import fill_normal
+
+    parent = torch.empty(3, 1 << 20)
+    fill_normal(parent, torch.Generator().manual_seed(1), 0.0, 1.0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        signal.alarm(20)
+        child = torch.empty(3, 1 << 20)
+        fill_normal(child, torch.Generator().manual_seed(1), 0.0, 1.0)
+        os._exit(0 if torch.equal(parent, child) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_reads_messages_follows_the_configuration():
