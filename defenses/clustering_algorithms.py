@@ -44,8 +44,9 @@ class ClusteringParams(AlgorithmParams):
         return make_radius(self.radius)
 
     def distance_method(self, dim: int) -> Literal["direct", "gram"]:
-        """``auto`` picks the lazy-Gram evaluation for large models (measured 2.8x
-        faster on the MLP 784-200-10) and exact differences for small ones."""
+        """``auto`` picks the inner-product ("gram") evaluation for large models
+        (measured 1.7-2.2x faster for FC and 5-6.5x for MC on the MLP 784-200-10) and
+        exact differences for small ones."""
         if self.method == "auto":
             return "gram" if dim > 1024 else "direct"
         return self.method

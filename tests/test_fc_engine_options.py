@@ -57,7 +57,7 @@ def test_memory_budget_does_not_change_results():
 
 
 def test_gram_and_direct_methods_train_the_same_models():
-    """The lazy-Gram and direct evaluations of eq. 24 give the same FC trajectory (to
+    """The inner-product ("gram") and direct evaluations of eq. 24 give the same FC trajectory (to
     rounding) under attack."""
     direct, _ = _train({"method": "direct"})
     gram, _ = _train({"method": "gram"})
