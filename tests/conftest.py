@@ -18,3 +18,22 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+class CallPathAttack:
+    """Wraps an attack so that engines take the plain call path: no ``write_rows``,
+    and ``reads_messages`` as given (``True`` makes engines compute every row)."""
+
+    def __init__(self, inner, reads_messages: bool) -> None:
+        self.inner = inner
+        self.reads_messages = reads_messages
+
+    def __call__(self, messages, context):
+        return self.inner(messages, context)
+
+
+@pytest.fixture
+def call_path_attack():
+    """The :class:`CallPathAttack` wrapper, for tests comparing engine shortcuts with
+    the plain path."""
+    return CallPathAttack

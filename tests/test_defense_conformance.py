@@ -252,26 +252,13 @@ def test_federation_data_not_mutated(name):
     assert torch.equal(task.train.targets, before["train.targets"])
 
 
-class _ReadsEverything:
-    """The large-gradient attack declaring that it reads its messages and offering no
-    in-place drawing: engines must compute every row and take the call path."""
-
-    reads_messages = True
-
-    def __init__(self) -> None:
-        self.inner = attacks.LargeGradient()
-
-    def __call__(self, messages, context):
-        return self.inner(messages, context)
-
-
 @pytest.mark.parametrize("name", METHODS)
-def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name):
+def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name, call_path_attack):
     """An attack that reads nothing lets engines skip the Byzantine senders' honest
     gradients and draw its rows in place (this task's Byzantine clients are one
     block); the honest models match the run that computes everything."""
     fed, skipped, _ = run(name, seed=3, attack=attacks.LargeGradient())
-    _, computed, _ = run(name, seed=3, attack=_ReadsEverything())
+    _, computed, _ = run(name, seed=3, attack=call_path_attack(attacks.LargeGradient(), reads_messages=True))
     honest = ~fed.byzantine
     torch.testing.assert_close(
         skipped.client_models()[honest], computed.client_models()[honest], rtol=1e-10, atol=1e-10

@@ -75,27 +75,14 @@ def test_attacked_rows_are_fresh_each_round():
     assert torch.equal(first[:, fed.honest], messages[:, fed.honest])
 
 
-class _ReadingLargeGradient:
-    """The large-gradient attack, but declaring that it reads its messages (the
-    default for an attack), so FC computes every sender's honest gradient."""
-
-    reads_messages = True
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, messages, context):
-        return self.inner(messages, context)
-
-
-def test_skipping_unread_byzantine_gradients_does_not_change_results():
+def test_skipping_unread_byzantine_gradients_does_not_change_results(call_path_attack):
     """With an attack that overwrites the Byzantine rows unread, FC computes only the
     honest senders' gradients; the trained models are bit-identical to computing all
     of them (the rows are overwritten either way)."""
     def train(wrap: bool) -> tuple[torch.Tensor, list[int]]:
         fed = _federation(torch.float64)
         if wrap:
-            fed.attack = _ReadingLargeGradient(fed.attack)
+            fed.attack = call_path_attack(fed.attack, reads_messages=True)
         senders: list[int] = []
         original = fed.cross_gradients
 

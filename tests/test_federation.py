@@ -490,21 +490,9 @@ def test_deliver_into_a_reused_buffer_equals_a_fresh_copy():
     assert torch.equal(messages, original)  # the caller's messages are untouched
 
 
-class _CallOnly:
-    """Wraps an attack, hiding its ``write_rows``: deliver must take the call path."""
-
-    reads_messages = False
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, messages, context):
-        return self.inner(messages, context)
-
-
 @pytest.mark.parametrize("mode", ["fresh", "out", "inplace"])
 @pytest.mark.parametrize("byzantine_rows", [[4, 5], [1, 4]], ids=["block", "scattered"])
-def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows):
+def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows, call_path_attack):
     """With a Byzantine block and an attack that reads nothing, deliver lets the
     attack draw straight into the delivered tensor; the delivered messages are those of
     the call-and-scatter path, bit for bit, and the caller's messages are untouched
@@ -514,7 +502,7 @@ def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows):
     byzantine[byzantine_rows] = True
     attack = attacks.build("large_gradient", {"mean": 5.0, "std": 1.0})
     results = []
-    for chosen in (attack, _CallOnly(attack)):
+    for chosen in (attack, call_path_attack(attack, reads_messages=False)):
         fed = Federation(task.objective, task.train, task.cluster_ids, byzantine, 3, 3, chosen)
         messages = torch.randn(3, byzantine.numel(), 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
         original = messages.clone()
@@ -529,7 +517,7 @@ def test_deliver_drawing_in_place_equals_the_call_path(mode, byzantine_rows):
 
 @pytest.mark.parametrize("byzantine_rows", [[4, 5], [0, 1], [2, 3], [1, 4]], ids=["tail", "head", "middle", "scattered"])
 @pytest.mark.parametrize("reads", [False, True])
-def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, reads):
+def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, reads, call_path_attack):
     """``skip_unread=True`` computes only the honest rows when the attack reads nothing
     and the Byzantine rows are one block; honest rows equal the full computation and
     the Byzantine rows of ``out`` are left untouched.  Otherwise every row is computed."""
@@ -539,7 +527,7 @@ def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, rea
     byzantine[byzantine_rows] = True
     attack = attacks.build("large_gradient")
     if reads:
-        attack = _ReadingWrapper(attack)
+        attack = call_path_attack(attack, reads_messages=True)
     fed = Federation(task.objective, task.train, task.cluster_ids, byzantine, 0, 3, attack)
     params = torch.randn(n, task.objective.dim, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     batch = fed.sample_batch()
@@ -552,16 +540,6 @@ def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, rea
         assert bool((out[byzantine] == 7.0).all())
     else:
         torch.testing.assert_close(out[byzantine], full[byzantine], rtol=1e-12, atol=1e-12)
-
-
-class _ReadingWrapper:
-    reads_messages = True
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def __call__(self, messages, context):
-        return self.inner(messages, context)
 
 
 class _ReverseLabels:
