@@ -103,12 +103,7 @@ class HeavyBall:
         else:
             buffer = update
         moved = torch.add(params[rows], buffer, alpha=-self.lr)
-        ok = _finite_rows(update) & _finite_rows(buffer) & _finite_rows(moved)
-        if not bool(ok.all()):
-            ok = ok.unsqueeze(-1)
-            self.skipped += int((~ok).sum())
-            buffer = torch.where(ok, buffer, self.buffer[rows])
-            moved = torch.where(ok, moved, params[rows])
+        buffer, moved = self._vetted(update, buffer, moved, params, rows)
         self.buffer[rows] = buffer
         params[rows] = moved
 
@@ -135,9 +130,8 @@ class HeavyBall:
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
         """:meth:`apply` on every row, through two reused scratch tensors (a fresh
-        ``[N, d]`` result per round costs page faults).  The same checks as the row
-        path (row sums, so an overflowing sum of finite entries is rejected too); the
-        update is the buffer itself without momentum."""
+        ``[N, d]`` result per round costs page faults), with the same checks as the
+        row path."""
         if self._moved is None or self._moved.shape != params.shape:
             self._moved = torch.empty_like(params)
             self._spare = torch.empty_like(self.buffer)
@@ -146,19 +140,30 @@ class HeavyBall:
         else:
             buffer = update
         moved = torch.add(params, buffer, alpha=-self.lr, out=self._moved)
-        ok = _finite_rows(buffer) & _finite_rows(moved)
-        if self.momentum:
-            ok &= _finite_rows(update)
-        if not bool(ok.all()):
-            ok = ok.unsqueeze(-1)
-            self.skipped += int((~ok).sum())
-            buffer = torch.where(ok, buffer, self.buffer)
-            moved = torch.where(ok, moved, params)
+        buffer, moved = self._vetted(update, buffer, moved, params)
         if buffer is self._spare:  # swap instead of copying
             self._spare, self.buffer = self.buffer, buffer
         elif self.momentum:
             self.buffer.copy_(buffer)
         params.copy_(moved)
+
+
+    def _vetted(
+        self, update: Tensor, buffer: Tensor, moved: Tensor, params: Tensor, rows: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(buffer, moved)`` for ``rows`` (all if None), with every row whose update,
+        new buffer or new parameters are not finite (row sums) put back to its old
+        values and counted in :attr:`skipped`.  Without momentum the buffer is the
+        update itself."""
+        ok = _finite_rows(buffer) & _finite_rows(moved)
+        if buffer is not update:
+            ok &= _finite_rows(update)
+        if bool(ok.all()):
+            return buffer, moved
+        ok = ok.unsqueeze(-1)
+        self.skipped += int((~ok).sum())
+        index = slice(None) if rows is None else rows
+        return torch.where(ok, buffer, self.buffer[index]), torch.where(ok, moved, params[index])
 
 
 def _finite_rows(x: Tensor) -> Tensor:
