@@ -170,8 +170,8 @@ class Federation:
         rows unread (:attr:`byzantine_rows_read` is false) and they form one block of
         rows, only the honest rows are computed and the Byzantine rows of ``out`` are
         left as they are."""
-        span = _block_span(self.byzantine)
-        if not skip_unread or out is None or self.byzantine_rows_read or span is None:
+        span = None if not skip_unread or out is None or self.byzantine_rows_read else _block_span(self.byzantine)
+        if span is None:
             return self.objective.paired_gradients(params, batch, out=out, blend=blend)
         for start, stop in ((0, span[0]), (span[1], self.clients)):
             if stop > start:
@@ -227,9 +227,9 @@ class Federation:
             senders=senders,
             defense_state=dict(defense_state or {}),
         )
-        span = _block_span(byzantine)
-        writer = getattr(self.attack, "write_rows", None)
-        if writer is not None and span is not None and not attack_reads_messages(self.attack):
+        writer = None if attack_reads_messages(self.attack) else getattr(self.attack, "write_rows", None)
+        span = None if writer is None else _block_span(byzantine)
+        if span is not None:
             # the Byzantine rows are one block and the attack never reads them: it
             # draws straight into the delivered tensor (no fresh rows, no scatter)
             delivered = self._delivery_target(messages, inplace, out)
