@@ -3,6 +3,12 @@
 A policy maps the distances of every point to the current centre, ``dist[B, K, N]``
 (``inf`` for inadmissible points), to one radius per centre, ``tau[B, K]``.  Policies
 are frozen dataclasses: validated at construction, pure, and batched.
+
+A policy may also implement ``undecided(lower, upper)``: given only an interval
+``lower <= dist <= upper`` per point, the points whose exact distance is needed to
+compute ``tau`` and every ball membership.  The ``"gram"`` evaluation of
+Threshold-Clustering reads only those points in a round; a policy without the method
+makes it read every point.
 """
 
 from __future__ import annotations
@@ -24,6 +30,19 @@ class RadiusPolicy(Protocol):
     def __call__(self, distances: Tensor, round_index: int) -> Tensor: ...
 
 
+def meets(lower: Tensor, upper: Tensor, low: Tensor, high: Tensor) -> Tensor:
+    """``[B, K, N]`` mask of points whose interval ``[lower, upper]`` meets the
+    per-centre range ``[low, high]`` (``[B, K]``), ends included."""
+    return (upper >= low.unsqueeze(-1)) & (lower <= high.unsqueeze(-1))
+
+
+def _constant_undecided(tau: float, lower: Tensor, upper: Tensor) -> Tensor:
+    """With a radius that ignores the distances, only points whose interval contains
+    ``tau`` have an open membership."""
+    value = lower.new_full(lower.shape[:-1], tau)
+    return meets(lower, upper, value, value)
+
+
 def _require(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
@@ -41,6 +60,9 @@ class FixedRadius:
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         return distances.new_full(distances.shape[:-1], self.tau)
+
+    def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
+        return _constant_undecided(self.tau, lower, upper)
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,9 @@ class TheoryRadius:
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         return distances.new_full(distances.shape[:-1], self.tau)
 
+    def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
+        return _constant_undecided(self.tau, lower, upper)
+
 
 @dataclass(frozen=True)
 class QuantileRadius:
@@ -85,6 +110,25 @@ class QuantileRadius:
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         return self.factor * quantile_with_inf(distances, self.q)
+
+    def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
+        """Points that may sit at one of the two order statistics the quantile reads,
+        or whose membership is open.
+
+        The r-th smallest distance lies between the r-th smallest ``lower`` and the
+        r-th smallest ``upper``; a point entirely below (above) that range has rank
+        below (above) r.  So the points meeting the range between the two order
+        statistics' brackets include every point at those ranks, and once they are
+        exact ``tau`` is exact, whatever stands in for the other points on their own
+        side.  ``tau`` grows with every distance, so it lies between the radius of
+        ``lower`` and of ``upper``; points meeting that range have an open
+        membership."""
+        position = self.q * (lower.shape[-1] - 1)
+        low_rank, high_rank = math.floor(position), math.ceil(position)
+        rank_low = lower.sort(dim=-1).values[..., low_rank]
+        rank_high = upper.sort(dim=-1).values[..., high_rank]
+        at_ranks = meets(lower, upper, rank_low, rank_high)
+        return at_ranks | meets(lower, upper, self(lower, 0), self(upper, 0))
 
 
 def quantile_with_inf(values: Tensor, q: float) -> Tensor:
@@ -130,6 +174,10 @@ class CenterDistanceRadius:
             centres = torch.where(count > 0, total / count.clamp_min(1), centres)
         ordered = centres.sort(-1).values
         return 0.5 * (ordered[..., 1] + ordered[..., 2])
+
+    def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
+        """k-means on the distances is not monotone in them: every point is needed."""
+        return torch.ones_like(lower, dtype=torch.bool)
 
 
 RadiusSpec = Union[float, int, Mapping[str, Any], RadiusPolicy]

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robust_pfl import Batch, ClientData, DenseNetwork, Federation, Objective
+from robust_pfl import objectives
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -77,6 +78,26 @@ def test_manual_engine_equals_torch_func_reference(**case):
     cross = manual.cross_gradients(params, batch)
     assert cross.shape == (params.shape[0], n, manual.dim)
     torch.testing.assert_close(cross, func.cross_gradients(params, batch), **TOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(**case_args, block_bytes=st.sampled_from([1, 300, 3000]), alpha=st.floats(0.0, 1.0))
+def test_weight_gradients_in_cache_blocks_equal_reference(block_bytes, alpha, **case):
+    """The manual engine computes weight gradients in cache-sized blocks of (model,
+    client) pairs and copies or blends each block out.  With blocks of one pair or a
+    few, cross and paired gradients, and the blended momentum update
+    ``out <- lerp(out, g, alpha)``, still equal the torch.func reference."""
+    manual, func, params, batch = make_case(**case)
+    n = batch.inputs.shape[0]
+    paired_params = params[torch.arange(n) % params.shape[0]]
+    reference = func.paired_gradients(paired_params, batch)
+    start = torch.randn(n, manual.dim, dtype=F64, generator=torch.Generator().manual_seed(1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(objectives, "_CACHE_BLOCK_BYTES", block_bytes)
+        torch.testing.assert_close(manual.paired_gradients(paired_params, batch), reference, **TOL)
+        torch.testing.assert_close(manual.cross_gradients(params, batch), func.cross_gradients(params, batch), **TOL)
+        blended = manual.paired_gradients(paired_params, batch, out=start.clone(), blend=alpha)
+    torch.testing.assert_close(blended, torch.lerp(start, reference, alpha), **TOL)
 
 
 @settings(max_examples=60, deadline=None)

@@ -200,3 +200,69 @@ def test_quantile_radius_is_monotone_in_q(values, q):
     low = QuantileRadius(q)(distances, 0).item()
     high = QuantileRadius(q + 0.1)(distances, 0).item()
     assert high >= low * (1 - 1e-15) - 1e-300
+
+
+# --------------------------------------------------------------------------------------
+# undecided(lower, upper): which points the "gram" evaluation must compute exactly
+# --------------------------------------------------------------------------------------
+
+
+def _interval_problem(seed: int, b: int, k: int, n: int, infinite: int, exact_share: float):
+    """True distances [B, K, N] (a few infinite: inadmissible points), and intervals
+    around them: some exact, the others of random widths on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    true = torch.rand(b, k, n, generator=g, dtype=F64) * 10
+    true[..., :infinite] = math.inf
+    below = torch.rand(b, k, n, generator=g, dtype=F64) * torch.rand(b, k, 1, generator=g, dtype=F64) * 3
+    above = torch.rand(b, k, n, generator=g, dtype=F64) * torch.rand(b, k, 1, generator=g, dtype=F64) * 3
+    exact = torch.rand(b, k, n, generator=g) < exact_share
+    lower = torch.where(exact, true, (true - below).clamp_min(0))
+    upper = torch.where(exact, true, true + above)
+    return true, lower, upper
+
+
+@FAST
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    b=st.integers(1, 3),
+    k=st.integers(1, 3),
+    n=st.integers(1, 40),
+    infinite=st.integers(0, 5),
+    exact_share=st.floats(0.0, 1.0),
+    name=st.sampled_from(["fixed", "theory", "quantile", "quantile_strict_factor", "cd"]),
+    q=st.floats(0.0, 1.0),
+)
+def test_undecided_points_are_all_that_tau_and_memberships_need(seed, b, k, n, infinite, exact_share, name, q):
+    """Given intervals lower <= dist <= upper, a policy's ``undecided`` points are
+    enough: with their exact distances and any other point standing at the lower end
+    of its interval, the policy returns the same radius (bit for bit) and every point
+    gets the same membership as with all distances exact.  This is what lets the
+    "gram" Threshold-Clustering read only those points."""
+    policy = {
+        "fixed": FixedRadius(4.0),
+        "theory": TheoryRadius(delta=0.5, sigma=2.0, separation=9.0),
+        "quantile": QuantileRadius(q),
+        "quantile_strict_factor": QuantileRadius(q, factor=0.6, strict=True),
+        "cd": CenterDistanceRadius(iterations=5),
+    }[name]
+    true, lower, upper = _interval_problem(seed, b, k, n, min(infinite, n - 1), exact_share)
+    need = policy.undecided(lower, upper)
+    assert need.shape == true.shape and need.dtype == torch.bool
+    stand_in = torch.where(need, true, lower)
+    tau_true, tau_stand_in = policy(true, 0), policy(stand_in, 0)
+    assert torch.equal(tau_true, tau_stand_in)
+    inside = (lambda d: d < tau_true.unsqueeze(-1)) if policy.strict else (lambda d: d <= tau_true.unsqueeze(-1))
+    assert torch.equal(inside(true), inside(stand_in))
+
+
+def test_undecided_quantile_hand_example():
+    """q = 0.5 of 5 points reads rank 2.  Intervals [0, 1], [2, 3], [4, 6], [5, 7],
+    [9, 9]: the rank-2 distance lies in [4, 7] (3rd smallest lower, 3rd smallest upper),
+    so the points meeting [4, 7] (the 3rd and 4th) are undecided, and the radius lies in
+    [quantile(lower), quantile(upper)] = [4, 6], which the same two points meet."""
+    lower = torch.tensor([[[0.0, 2.0, 4.0, 5.0, 9.0]]], dtype=F64)
+    upper = torch.tensor([[[1.0, 3.0, 6.0, 7.0, 9.0]]], dtype=F64)
+    need = QuantileRadius(0.5).undecided(lower, upper)
+    assert need.tolist() == [[[False, False, True, True, False]]]
+    fixed = FixedRadius(2.5).undecided(lower, upper)
+    assert fixed.tolist() == [[[False, True, False, False, False]]]

@@ -13,6 +13,7 @@ a radius by accident.
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -23,6 +24,8 @@ from hypothesis import strategies as st
 
 from defenses.radius import CenterDistanceRadius, FixedRadius, QuantileRadius
 from defenses.threshold_clustering import nearest_centre, threshold_clustering
+
+tc = sys.modules["defenses.threshold_clustering"]  # the module (the package re-exports the function)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -364,7 +367,90 @@ def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
     gram = threshold_clustering(points, centres, policy, rounds, method="gram")
     torch.testing.assert_close(gram.centres, direct.centres, rtol=1e-8, atol=1e-8)
     assert torch.equal(gram.inside, direct.inside)
-    torch.testing.assert_close(gram.radius, direct.radius, rtol=1e-8, atol=1e-8)
+    # A distance from inner products, sqrt(||z||^2 - 2 <z, v> + ||v||^2), is off by up to
+    # about sqrt(eps) ||z|| when it is near zero (cancellation): ~1e-7 here, not 1e-8.
+    torch.testing.assert_close(gram.radius, direct.radius, rtol=1e-8, atol=1e-6)
+
+
+@FAST
+@given(
+    seed=seeds,
+    b=st.integers(1, 3),
+    n=st.integers(10, 60),
+    d=st.integers(2, 30),
+    k=st.integers(1, 3),
+    rounds=st.integers(1, 10),
+    tau=st.floats(0.5, 8.0),
+    q=st.floats(0.05, 0.6),
+    name=st.sampled_from(["fixed", "quantile"]),
+    share=st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, rounds, tau, q, name, share):
+    """The "gram" evaluation reads, each round, only the points whose exact distance
+    the radius policy needs (the others are decided by an interval around their
+    distance), and takes one product with every point when more than ``share`` of them
+    are needed.  Whatever the share (0: always the full product; 1: never), the
+    memberships, radii and centres are those of the direct evaluation of eq. 24."""
+    avoid_rounding_ties(name, q, n)
+    problems = [random_problem(seed + i, n, d, k, spread=6.0) for i in range(b)]
+    points = torch.stack([p for p, _ in problems])
+    centres = torch.stack([c for _, c in problems])
+    policy = policy_from(name, tau, q)
+    direct = threshold_clustering(points, centres, policy, rounds, method="direct", final_distances=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tc, "_FULL_PRODUCT_SHARE", share)
+        gram = threshold_clustering(points, centres, policy, rounds, method="gram", final_distances=True)
+    assert torch.equal(gram.inside, direct.inside)
+    torch.testing.assert_close(gram.centres, direct.centres, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(gram.radius, direct.radius, rtol=1e-8, atol=1e-6)
+    torch.testing.assert_close(gram.distances, direct.distances, rtol=1e-8, atol=1e-6)
+
+
+@FAST
+@given(seed=seeds, b=st.integers(1, 2), n=st.integers(1, 30), d=st.integers(1, 40), k=st.integers(1, 3), data=st.data())
+def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
+    """The lazily kept inner products of the "gram" evaluation: after any sequence of
+    eq. 24 steps (any memberships, full products at any rounds), the centre equals the
+    explicit recursion ``v <- a v + w / N`` and every point's distance to it lies in the
+    interval computed from scalars alone, ``sqrt(E + R^2) -+ R`` (Cauchy-Schwarz on the
+    residual's products)."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(b, n, d, generator=g, dtype=F64) * data.draw(st.sampled_from([0.1, 1.0, 30.0]))
+    v = torch.randn(b, k, d, generator=g, dtype=F64)
+    dots = tc._CentreDots(z, tc.squared_norms(z), torch.ones(b, n, dtype=torch.bool), v)
+    inside = torch.zeros(b, k, n, dtype=torch.bool)
+    for _ in range(data.draw(st.integers(1, 8))):
+        if data.draw(st.booleans()):
+            dots.full_product()
+        entered = torch.rand(b, k, n, generator=g) < data.draw(st.floats(0.0, 1.0))
+        change = entered.to(F64) - inside.to(F64)
+        ball = torch.bmm(entered.to(F64), z)
+        v = v * (1 - entered.to(F64).sum(-1, keepdim=True) / n) + ball / n
+        dots.step(change if bool(change.any()) else None, entered.sum(-1).to(F64))
+        inside = entered
+        torch.testing.assert_close(dots.centres, v, rtol=1e-10, atol=1e-10)
+        lower, upper = dots.intervals()
+        exact = torch.cdist(v, z)
+        assert bool((lower <= exact * (1 + 1e-9) + 1e-9).all()) and bool((exact <= upper * (1 + 1e-9) + 1e-9).all())
+
+
+@FAST
+@given(seed=seeds, b=st.integers(1, 3), n=st.integers(1, 30), d=st.integers(1, 40), k=st.integers(1, 4), data=st.data())
+def test_row_products_and_weighted_rows_equal_full_products(seed, b, n, d, k, data):
+    """The two partial readers of the points: inner products of chosen rows with K
+    vectors equal those rows of the full product, and a sparse weighted sum of rows
+    (read in place or by the blocked product) equals ``weights @ z``, for any sparsity."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(b, n, d, generator=g, dtype=F64)
+    vectors = torch.randn(b, k, d, generator=g, dtype=F64)
+    rows = torch.rand(b, n, generator=g) < data.draw(st.floats(0.0, 1.0))
+    products = tc._row_products(z, rows, vectors)
+    full = torch.bmm(vectors, z.transpose(1, 2))
+    mask = rows.unsqueeze(1).expand_as(full)
+    torch.testing.assert_close(products[mask], full[mask], rtol=1e-12, atol=1e-12)
+    weights = torch.randn(b, k, n, generator=g, dtype=F64)
+    weights = weights * (torch.rand(b, k, n, generator=g) < data.draw(st.floats(0.0, 1.0)))
+    torch.testing.assert_close(tc._weighted_rows(weights, z), torch.bmm(weights, z), rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------
