@@ -105,16 +105,20 @@ def threshold_clustering(
     v0 = centres.to(points.dtype) if batched else centres.to(points.dtype).unsqueeze(0)
     if z.shape[0] != v0.shape[0]:
         raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {v0.shape[0]}")
-    norms = squared_norms(z)
+    live = admissible_points(v0)  # [B, K]
+    start = torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
+    # The gram evaluation reads the points once for their norms and their products
+    # with the initial centres (inadmissible rows' products are never used).
+    norms, products = _norms_and_products(z, start) if method == "gram" else (squared_norms(z), None)
     admissible = torch.isfinite(norms)
     clean = z
     if not bool(admissible.all()):
         clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
         norms = torch.where(admissible, norms, 0.0)
-    live = admissible_points(v0)  # [B, K]
-    start = torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
-    run = _run_gram if method == "gram" else _run_direct
-    result = run(clean, start, admissible, norms, policy, rounds, final_distances)
+    if products is None:
+        result = _run_direct(clean, start, admissible, policy, rounds, final_distances)
+    else:
+        result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final_distances)
     if not bool(live.all()):
         distances = result.distances
         if distances is not None:
@@ -135,6 +139,31 @@ def threshold_clustering(
     )
 
 
+# Row blocks of :func:`_norms_and_products`: about one core's L2 cache (2.5 MiB; 4
+# rows of the MLP 784-200-10 read once for both results measured 9.0 ms against
+# 16.5 ms for the two products over all rows, 13 rows 10.3 ms).
+_FUSED_BLOCK_BYTES = 5 << 19
+
+
+def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
+    """``||z_j||^2`` (``[B, N]``) and ``<z_j, centres_k>`` (``[B, K, N]``) in one read of
+    the points: each cache-sized block of rows is used for both while it is cached.
+    The loop is over blocks of rows (and problems), not clients."""
+    batch, n, dim = z.shape
+    rows = max(1, _FUSED_BLOCK_BYTES // (dim * z.element_size()))
+    if rows >= n:
+        return squared_norms(z), torch.bmm(centres, z.transpose(1, 2))
+    norms = z.new_empty(batch, n)
+    products = z.new_empty(batch, n, centres.shape[1])
+    for b in range(batch):
+        transposed = centres[b].transpose(0, 1)
+        for start in range(0, n, rows):
+            block = z[b, start : start + rows]
+            norms[b, start : start + rows] = squared_norms(block)
+            torch.mm(block, transposed, out=products[b, start : start + rows])
+    return norms, products.transpose(1, 2)
+
+
 def _inside(distances: Tensor, tau: Tensor, strict: bool) -> Tensor:
     tau = tau.unsqueeze(-1)
     within = distances < tau if strict else distances <= tau
@@ -151,13 +180,11 @@ def _run_direct(
     z: Tensor,
     v: Tensor,
     admissible: Tensor,
-    norms: Tensor,
     policy: RadiusPolicy,
     rounds: int,
     final_distances: bool,
 ) -> ClusteringResult:
-    """Eq. 24 from coordinates (``norms`` is unused: the two evaluations share one
-    signature)."""
+    """Eq. 24 from coordinates."""
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
@@ -181,6 +208,7 @@ def _run_gram(
     v0: Tensor,
     admissible: Tensor,
     norms: Tensor,
+    products: Tensor,
     policy: RadiusPolicy,
     rounds: int,
     final_distances: bool,
@@ -197,7 +225,7 @@ def _run_gram(
     makes every distance exact again.  See :class:`_CentreDots`.
     """
     k = v0.shape[1]
-    dots = _CentreDots(z, norms, admissible, v0)
+    dots = _CentreDots(z, norms, admissible, v0, products)
     inside = torch.zeros(z.shape[0], k, z.shape[1], dtype=torch.bool, device=z.device)
     tau = z.new_zeros(z.shape[0], k)
     for round_index in range(rounds):
@@ -226,34 +254,42 @@ _ROUNDING_SLACK = 4.0
 class _CentreDots:
     """Inner products ``<z_j, v_k>`` of every point with moving centres, kept lazily.
 
-    Each centre is ``v = sigma x + t b + rho``: ``x`` and ``b`` are basis vectors whose
+    Each centre is ``v = sigma x + t b + rho``: ``x`` and ``b`` are vectors whose
     products with every point are known (``x_dots``, ``b_dots``), ``sigma, t`` scalars,
-    and ``rho`` a residual whose products are not kept.  With ``E_j = ||z_j||^2 -
-    2 sigma <z_j, x> - 2 t <z_j, b> + ||v||^2 - 2 <v, rho>`` and ``R = ||rho||``,
+    and ``rho`` a residual whose products are not all kept.  Write ``<z_j, rho> =
+    c_j + <z_j, delta_j>`` where ``c_j`` is known and ``delta_j`` is ``rho`` itself
+    (``c_j = 0``) or, for the points read at the latest read, ``rho - alpha rho_s``
+    (``c_j = alpha <z_j, rho_s>``).  With ``E_j = ||z_j||^2 - 2 sigma <z_j, x> -
+    2 t <z_j, b> + ||v||^2 - 2 c_j - 2 <v, delta_j>`` and ``R_j = ||delta_j||``,
 
-        ``d_j^2 = E_j - 2 <z_j - v, rho>``, and ``|<z_j - v, rho>| <= d_j R``,
+        ``d_j^2 = E_j - 2 <z_j - v, delta_j>``, and ``|<z_j - v, delta_j>| <= d_j R_j``,
 
-    so ``sqrt(E_j + R^2) - R <= d_j <= sqrt(E_j + R^2) + R``: an interval of width
-    ``2R`` from scalars alone.  ``rho`` grows only from the points that enter or leave
-    a ball (divided by N), so ``R`` is small and few intervals reach the boundary.
-    A point whose exact distance is needed costs one inner product ``<z_j, rho>``;
+    so ``sqrt(E_j + R_j^2) - R_j <= d_j <= sqrt(E_j + R_j^2) + R_j``: an interval from
+    scalars alone.  ``rho`` grows only from the points that enter or leave a ball
+    (divided by N), so ``R_j`` is small and few intervals reach the boundary; the
+    points near it, read last round, are bounded by last round's change alone.  A
+    point whose exact distance is needed costs one inner product ``<z_j, rho>``;
     ``full_product`` computes them for every point and moves ``rho`` into the basis
-    (``x := v``, ``b :=`` the ball sum), after which ``R = 0``.
+    (``x := v``, ``b :=`` the ball sum), after which ``rho = 0``.
     """
 
-    def __init__(self, z: Tensor, norms: Tensor, admissible: Tensor, v0: Tensor) -> None:
+    def __init__(self, z: Tensor, norms: Tensor, admissible: Tensor, v0: Tensor, products: Tensor) -> None:
+        """``products[B, K, N] = <z_j, v0_k>``, ``norms[B, N] = ||z_j||^2``."""
         batch, n, _ = z.shape
         k = v0.shape[1]
         self.z, self.norms, self.admissible, self.n = z, norms, admissible, n
         self.centres = v0.clone()
-        self.x_dots = torch.bmm(z, v0.transpose(1, 2)).transpose(1, 2)  # [B, K, N]
+        self.x_dots = products
         self.b_dots = torch.zeros_like(self.x_dots)
-        self.x, self.b = v0, torch.zeros_like(v0)
+        self.b = torch.zeros_like(v0)
         self.pending = torch.zeros_like(v0)  # ball sum - b
         self.rho = torch.zeros_like(v0)
         self.sigma, self.t = z.new_ones(batch, k), z.new_zeros(batch, k)
         self.exact = True  # rho == 0
         self.has_pending = False
+        # the latest read: rho_s, its scale alpha in today's rho, the rows read and
+        # their products <z_j, rho_s>
+        self.read: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._slack_scale = _ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
 
     def _known(self, centre_norms: Tensor) -> Tensor:
@@ -268,8 +304,16 @@ class _CentreDots:
         """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
         scalars alone (``inf`` for inadmissible points), widened for rounding."""
         centre_norms = _rowdot(self.centres, self.centres)
-        radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
         shifted = self._known(centre_norms) - 2 * _rowdot(self.centres, self.rho).unsqueeze(-1)
+        radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
+        if self.read is not None:
+            earlier, alpha, rows, products = self.read
+            delta = self.rho - alpha.unsqueeze(-1) * earlier
+            near = self._known(centre_norms) - 2 * (
+                alpha.unsqueeze(-1) * products + _rowdot(self.centres, delta).unsqueeze(-1)
+            )
+            shifted = torch.where(rows.unsqueeze(1), near, shifted)
+            radius = torch.where(rows.unsqueeze(1), torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
         middle = (shifted + radius * radius).clamp_min(0).sqrt()
         slack = self._slack_scale * (self.norms.unsqueeze(1) + centre_norms.unsqueeze(-1))
         lower = ((middle - radius).clamp_min(0).square() - slack).clamp_min(0).sqrt()
@@ -285,6 +329,7 @@ class _CentreDots:
             rows = (undecided(lower, upper) & self.admissible.unsqueeze(1)).any(1)  # [B, N]
             if int(rows.sum(-1).max()) <= _FULL_PRODUCT_SHARE * self.n:
                 products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
+                self.read = (self.rho.clone(), torch.ones_like(self.sigma), rows, products)
                 known = self._known(_rowdot(self.centres, self.centres))
                 exact = self._finish(known - 2 * products)
                 return torch.where(rows.unsqueeze(1), exact, lower)
@@ -301,10 +346,11 @@ class _CentreDots:
         sigma, t = self.sigma.unsqueeze(-1), self.t.unsqueeze(-1)
         self.x_dots = sigma * self.x_dots + t * self.b_dots + products[:, :k]
         self.b_dots = self.b_dots + products[:, k:]
-        self.x, self.b = self.centres.clone(), self.b + self.pending
+        self.b += self.pending
         self.pending.zero_()
         self.rho.zero_()
         self.has_pending = False
+        self.read = None
         self.sigma, self.t = torch.ones_like(self.sigma), torch.zeros_like(self.t)
         self.exact = True
 
@@ -314,13 +360,15 @@ class _CentreDots:
         if change is not None:
             self.pending += _weighted_rows(change, self.z)
             self.has_pending = True
-        keep = (1 - inside_counts / self.n).unsqueeze(-1)  # a_l, [B, K, 1]
-        ball = self.b + self.pending
-        self.centres = self.centres * keep + ball / self.n
-        self.sigma, self.t = keep.squeeze(-1) * self.sigma, keep.squeeze(-1) * self.t + 1.0 / self.n
+        keep = 1 - inside_counts / self.n  # a_l, [B, K]
+        self.centres.mul_(keep.unsqueeze(-1)).add_((self.b + self.pending) / self.n)
+        self.sigma, self.t = keep * self.sigma, keep * self.t + 1.0 / self.n
         if not self.exact or self.has_pending:
-            self.rho = self.rho * keep + self.pending / self.n
+            self.rho.mul_(keep.unsqueeze(-1)).add_(self.pending / self.n)
             self.exact = False
+        if self.read is not None:
+            earlier, alpha, rows, products = self.read
+            self.read = (earlier, alpha * keep, rows, products)
 
 
 def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:

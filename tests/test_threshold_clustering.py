@@ -410,18 +410,27 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
 @given(seed=seeds, b=st.integers(1, 2), n=st.integers(1, 30), d=st.integers(1, 40), k=st.integers(1, 3), data=st.data())
 def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
     """The lazily kept inner products of the "gram" evaluation: after any sequence of
-    eq. 24 steps (any memberships, full products at any rounds), the centre equals the
+    eq. 24 steps (any memberships; full products or reads of the undecided rows at any
+    rounds), the centre equals the
     explicit recursion ``v <- a v + w / N`` and every point's distance to it lies in the
     interval computed from scalars alone, ``sqrt(E + R^2) -+ R`` (Cauchy-Schwarz on the
     residual's products)."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(b, n, d, generator=g, dtype=F64) * data.draw(st.sampled_from([0.1, 1.0, 30.0]))
     v = torch.randn(b, k, d, generator=g, dtype=F64)
-    dots = tc._CentreDots(z, tc.squared_norms(z), torch.ones(b, n, dtype=torch.bool), v)
+    dots = tc._CentreDots(z, tc.squared_norms(z), torch.ones(b, n, dtype=torch.bool), v, torch.bmm(v, z.transpose(1, 2)))
     inside = torch.zeros(b, k, n, dtype=torch.bool)
+    policy = QuantileRadius(data.draw(st.floats(0.0, 1.0)))
     for _ in range(data.draw(st.integers(1, 8))):
-        if data.draw(st.booleans()):
+        action = data.draw(st.sampled_from(["none", "full", "read"]))
+        if action == "full":
             dots.full_product()
+        elif action == "read":  # reads the undecided rows only, however many
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(tc, "_FULL_PRODUCT_SHARE", 1.0)
+                distances = dots.distances(policy.undecided)
+            # exact or a lower bound (distances from inner products: ~sqrt(eps) ||z|| near 0)
+            assert bool((distances <= torch.cdist(v, z) * (1 + 1e-9) + 1e-6).all())
         entered = torch.rand(b, k, n, generator=g) < data.draw(st.floats(0.0, 1.0))
         change = entered.to(F64) - inside.to(F64)
         ball = torch.bmm(entered.to(F64), z)
