@@ -245,11 +245,6 @@ def _run_gram(
 # row by row) is taken instead, and makes every distance exact again.
 _FULL_PRODUCT_SHARE = 0.3
 
-# Distances whose rounding slack exceeds this share of d^2 are not resolved by inner
-# products (a 1e6-sized attack row's norm swamps its distance to a nearby row): an
-# undecided one is computed from coordinates instead.
-_RESOLVABLE = 1e-2
-
 # Widening of the distance intervals for rounding, in units of the dtype's epsilon
 # times ``sqrt(d) (||z_j||^2 + ||v||^2)``: the rounding error of a length-d inner
 # product stays well inside it, so a point decided by its interval is decided as its
@@ -291,7 +286,7 @@ class _CentreDots:
         self.pending = torch.zeros_like(v0)  # changes of the ball sum since b
         self.rho = torch.zeros_like(v0)
         self.sigma, self.t = z.new_ones(batch, k), z.new_zeros(batch, k)
-        self.active = torch.zeros(batch, k, dtype=torch.bool, device=z.device)  # rho_k != 0
+        self.exact = True  # rho == 0
         # rho = gamma * pending while at most one ball change happened since the last
         # full product; a full product then needs the products with pending alone
         self.gamma: Tensor | None = z.new_zeros(batch, k)
@@ -310,15 +305,12 @@ class _CentreDots:
     def _finish(self, squared: Tensor) -> Tensor:
         return _mask_distances(squared.clamp_min(0).sqrt(), self.admissible)
 
-    def intervals(
-        self, centre_norms: Tensor | None = None, known: Tensor | None = None
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def intervals(self, centre_norms: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
-        scalars alone (``inf`` for inadmissible points), widened for rounding by the
-        returned ``slack`` (in squared distance)."""
-        if centre_norms is None or known is None:
+        scalars alone (``inf`` for inadmissible points), widened for rounding."""
+        if centre_norms is None:
             centre_norms = _rowdot(self.centres, self.centres)
-            known = self._known(centre_norms)
+        known = self._known(centre_norms)
         shifted = known - 2 * _rowdot(self.centres, self.rho).unsqueeze(-1)
         radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
         if self.read is not None:
@@ -333,62 +325,39 @@ class _CentreDots:
         slack = self._slack_scale * (self.norms.unsqueeze(1) + centre_norms.unsqueeze(-1))
         lower = ((middle - radius).clamp_min(0).square() - slack).clamp_min(0).sqrt()
         upper = ((middle + radius).square() + slack).sqrt()
-        return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible), slack
+        return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible)
 
     def distances(self, undecided: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
-        """Distances to the current centres, ``[B, K, N]``.  With a policy's
-        ``undecided``: exact for every point it asks for (from coordinates where inner
-        products cannot resolve them) and for every centre whose residual is zero; for
-        the others the lower end of an interval that decides their membership the same
-        way.  Without (``None``): every distance from inner products."""
+        """Distances to the current centres, ``[B, K, N]``: exact for every point the
+        policy's ``undecided`` asks for (all points when it is ``None``); for the others
+        the lower end of an interval that decides their membership the same way."""
         centre_norms = _rowdot(self.centres, self.centres)
-        known = self._known(centre_norms)
-        active = bool(self.active.any())
-        if undecided is None:
-            if active:
-                self.full_product()
-                known = self._known(centre_norms)
-            return self._finish(known)
-        lower, upper, slack = self.intervals(centre_norms, known)
-        resolvable = (slack <= _RESOLVABLE * known) | ~self.admissible.unsqueeze(1)  # where rho = 0
-        if not active and bool(resolvable.all()):
-            return self._finish(known)
-        need = undecided(lower, upper) & self.admissible.unsqueeze(1)
-        distances = self._finish(known)
-        if active:
-            rows = (need & self.active.unsqueeze(-1)).any(1)  # [B, N]
-            if int(rows.sum(-1).max()) > _FULL_PRODUCT_SHARE * self.n:
-                self.full_product()
-                distances = self._finish(self._known(centre_norms))
-            else:
-                products = _row_products(self.z, rows, self.rho)  # <z_j, rho>; 0 where rho = 0
+        if not self.exact and undecided is not None:
+            lower, upper = self.intervals(centre_norms)
+            rows = (undecided(lower, upper) & self.admissible.unsqueeze(1)).any(1)  # [B, N]
+            if int(rows.sum(-1).max()) <= _FULL_PRODUCT_SHARE * self.n:
+                products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
                 if self._earlier is None:
                     self._earlier = torch.empty_like(self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
-                exact = self._finish(known - 2 * products)
-                distances = torch.where(rows.unsqueeze(1) | ~self.active.unsqueeze(-1), exact, lower)
-        # needed distances that inner products cannot resolve: from coordinates
-        coordinates = (need & (slack > _RESOLVABLE * distances.square())).any(1)  # [B, N]
-        if bool(coordinates.any()):
-            direct = _row_distances(self.z, coordinates, self.centres)
-            distances = torch.where(coordinates.unsqueeze(1), _mask_distances(direct, self.admissible), distances)
-        return distances
+                exact = self._finish(self._known(centre_norms) - 2 * products)
+                return torch.where(rows.unsqueeze(1), exact, lower)
+        if not self.exact:
+            self.full_product()
+        return self._finish(self._known(centre_norms))
 
     def full_product(self) -> None:
-        """Products of every point with ``rho`` and the pending ball change of the
-        centres whose residual is not zero; then ``x := v`` and ``b :=`` the ball sum,
-        so that ``rho = 0``.  While ``rho`` is a multiple of the pending change, one
-        product with it serves both."""
-        columns = self.active.any(0).nonzero().squeeze(-1)  # centres with a residual
-        if columns.numel() == 0:
-            return
+        """Products of every point with ``rho`` and the pending ball change; then
+        ``x := v`` and ``b :=`` the ball sum, so that ``rho = 0``.  While ``rho`` is a
+        multiple of the pending change, one product with it serves both."""
+        k = self.rho.shape[1]
         if self.gamma is not None:
-            pending = _column_products(self.z, self.pending, columns)
+            pending = torch.bmm(self.z, self.pending.transpose(1, 2)).transpose(1, 2)  # [B, K, N]
             residual = self.gamma.unsqueeze(-1) * pending
         else:
-            both = torch.cat([self.rho, self.pending], dim=1)  # [B, 2K, d]
-            products = _column_products(self.z, both, torch.cat([columns, columns + self.rho.shape[1]]))
-            residual, pending = products.split(self.rho.shape[1], dim=1)
+            vectors = torch.cat([self.rho, self.pending], dim=1)  # [B, 2K, d]
+            products = torch.bmm(self.z, vectors.transpose(1, 2)).transpose(1, 2)  # [B, 2K, N]
+            residual, pending = products[:, :k], products[:, k:]
         sigma, t = self.sigma.unsqueeze(-1), self.t.unsqueeze(-1)
         self.x_dots = sigma * self.x_dots + t * self.b_dots + residual
         self.b_dots = self.b_dots + pending
@@ -397,7 +366,7 @@ class _CentreDots:
         self.gamma = torch.zeros_like(self.sigma)
         self.read = None
         self.sigma, self.t = torch.ones_like(self.sigma), torch.zeros_like(self.t)
-        self.active.zero_()
+        self.exact = True
 
     def step(self, change: Tensor | None, inside_counts: Tensor) -> None:
         """One round of eq. 24: ``change[B, K, N]`` (+1 entered, -1 left; ``None`` when
@@ -406,53 +375,19 @@ class _CentreDots:
             delta = _weighted_rows(change, self.z)
             self.pending += delta
             self.ball += delta
-            changed = change.ne(0).any(-1)  # [B, K]
-            if self.gamma is not None and bool((changed & self.active).any()):
+            if self.gamma is not None and bool(self.gamma.ne(0).any()):
                 self.gamma = None  # rho holds an earlier pending: no longer a multiple
-            self.active |= changed
         keep = 1 - inside_counts / self.n  # a_l, [B, K]
         self.centres.mul_(keep.unsqueeze(-1)).add_(self.ball, alpha=1.0 / self.n)
         self.sigma, self.t = keep * self.sigma, keep * self.t + 1.0 / self.n
-        if bool(self.active.any()):
+        if not self.exact or change is not None:
             self.rho.mul_(keep.unsqueeze(-1)).add_(self.pending, alpha=1.0 / self.n)
+            self.exact = False
             if self.gamma is not None:
-                self.gamma = torch.where(self.active, keep * self.gamma + 1.0 / self.n, self.gamma)
+                self.gamma = keep * self.gamma + 1.0 / self.n
         if self.read is not None:
             earlier, alpha, rows, products = self.read
             self.read = (earlier, alpha * keep, rows, products)
-
-
-def _column_products(z: Tensor, vectors: Tensor, columns: Tensor) -> Tensor:
-    """``<z_j, vectors_c>`` as ``[B, C, N]``: computed for the ``columns`` listed, zero
-    for the others (a product with fewer vectors reads the points as often but does
-    less work)."""
-    if columns.numel() == vectors.shape[1]:
-        return torch.bmm(z, vectors.transpose(1, 2)).transpose(1, 2)
-    out = z.new_zeros(z.shape[0], vectors.shape[1], z.shape[1])
-    out[:, columns] = torch.bmm(z, vectors[:, columns].transpose(1, 2)).transpose(1, 2)
-    return out
-
-
-def _row_distances(z: Tensor, rows: Tensor, centres: Tensor) -> Tensor:
-    """``||z_{b,j} - centres_{b,k}||`` from coordinates, ``[B, K, N]``, for the rows with
-    ``rows[b, j]`` (other entries are zero or also exact); gathered in cache-sized
-    blocks like :func:`_row_products`."""
-    batch, n, dim = z.shape
-    width = int(rows.sum(-1).max())
-    out = z.new_zeros(batch, centres.shape[1], n)
-    order = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :width]  # [B, w]
-    flat = z.reshape(batch * n, dim)
-    index = order + (torch.arange(batch, device=z.device) * n).unsqueeze(-1)
-    block = max(1, _BLOCK_BYTES // (dim * z.element_size() * batch))
-    buffer = _gather_buffer(batch * min(block, width), dim, z)
-    for start in range(0, width, block):
-        part = index[:, start : start + block]
-        gathered = torch.index_select(flat, 0, part.reshape(-1), out=buffer[: part.numel()]).view(batch, -1, dim)
-        columns = order[:, start : start + block]
-        for k in range(centres.shape[1]):
-            norms = torch.linalg.vector_norm(gathered - centres[:, k : k + 1], dim=-1)  # [B, w']
-            out[:, k].scatter_(1, columns, norms)
-    return out
 
 
 # One gather buffer per thread, dtype and device, kept between calls: a fresh ~8 MB
