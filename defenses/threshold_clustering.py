@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Literal
 
@@ -229,15 +230,45 @@ def _run_gram(
     dots = _CentreDots(z, norms, admissible, v0, products)
     inside = torch.zeros(z.shape[0], k, z.shape[1], dtype=torch.bool, device=z.device)
     tau = z.new_zeros(z.shape[0], k)
+    unresolved = False
     for round_index in range(rounds):
         distances = dots.distances(getattr(policy, "undecided", None))
         tau = policy(distances, round_index)
         entered = _inside(distances, tau, policy.strict)
+        unresolved = unresolved or _decided_by_rounding(dots, distances, tau)
         change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
         dots.step(change if bool(change.any()) else None, inside.sum(-1).to(z.dtype))
     distances = dots.distances(None) if final_distances else None
+    if unresolved:
+        warnings.warn(
+            "Threshold-Clustering (method='gram'): a point at a ball's boundary is closer "
+            "to the centre than float32 inner products of vectors this large resolve (e.g. "
+            "1e6-sized attack rows near each other), so its membership is decided by "
+            "rounding; method='direct' or float64 evaluates it exactly",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return ClusteringResult(dots.centres, inside, tau, distances)
+
+
+# A squared distance whose rounding slack (see ``_ROUNDING_SLACK``) exceeds this share
+# of it is resolved far worse by inner products than by coordinates (whose relative
+# rounding is about the slack's share of ``d^2`` without the norms).
+_RESOLVABLE = 1e-2
+
+
+def _decided_by_rounding(dots: "_CentreDots", distances: Tensor, tau: Tensor) -> bool:
+    """Whether some ball has two or more points within their rounding slack of its
+    radius, each with a slack above ``_RESOLVABLE`` of its squared distance: their
+    order, hence their memberships, is then rounding, where the direct evaluation
+    would resolve it.  (One such point alone is usually the point the quantile radius
+    is read from, e.g. a single point sitting on its centre.)"""
+    squared = distances.square()
+    slack = dots.slack()
+    near = (squared - tau.unsqueeze(-1).square()).abs() <= slack
+    unresolved = near & (slack > _RESOLVABLE * squared) & torch.isfinite(squared)
+    return bool((unresolved.sum(-1) >= 2).any())
 
 
 # A round reads the rows whose distance it needs; when that is more than this share
@@ -307,6 +338,12 @@ class _CentreDots:
     def _finish(self, squared: Tensor) -> Tensor:
         return _mask_distances(squared.clamp_min(0).sqrt(), self.admissible)
 
+    def slack(self, centre_norms: Tensor | None = None) -> Tensor:
+        """Rounding slack of every squared distance to the current centres, ``[B, K, N]``."""
+        if centre_norms is None:
+            centre_norms = _rowdot(self.centres, self.centres)
+        return self._slack_scale * (self.norms.unsqueeze(1) + centre_norms.unsqueeze(-1))
+
     def intervals(self, centre_norms: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
         scalars alone (``inf`` for inadmissible points), widened for rounding."""
@@ -324,7 +361,7 @@ class _CentreDots:
             shifted = torch.where(rows.unsqueeze(1), near, shifted)
             radius = torch.where(rows.unsqueeze(1), torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
         middle = (shifted + radius * radius).clamp_min(0).sqrt()
-        slack = self._slack_scale * (self.norms.unsqueeze(1) + centre_norms.unsqueeze(-1))
+        slack = self.slack(centre_norms)
         lower = ((middle - radius).clamp_min(0).square() - slack).clamp_min(0).sqrt()
         upper = ((middle + radius).square() + slack).sqrt()
         return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible)

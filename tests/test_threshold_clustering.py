@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
+import warnings
 from fractions import Fraction
 
 import numpy as np
@@ -404,6 +405,24 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
     torch.testing.assert_close(gram.centres, direct.centres, rtol=1e-8, atol=1e-8)
     torch.testing.assert_close(gram.radius, direct.radius, rtol=1e-8, atol=1e-6)
     torch.testing.assert_close(gram.distances, direct.distances, rtol=1e-8, atol=1e-6)
+
+
+def test_gram_warns_when_rounding_decides_a_membership():
+    """A centre among a tight cluster of 1e6-sized float32 rows (the large-gradient
+    attack's shape): distances of ~1e4 are far below the rounding of inner products of
+    such rows, so "gram" decides those memberships by rounding and says so; the direct
+    evaluation resolves them.  A well-scaled problem gives no warning."""
+    g = torch.Generator().manual_seed(0)
+    d = 2000
+    points = torch.cat([torch.randn(10, d, generator=g), 1e6 + 100 * torch.randn(20, d, generator=g)])
+    centre = points[10:11] + 10 * torch.randn(1, d, generator=g)
+    with pytest.warns(RuntimeWarning, match="decided by rounding"):
+        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="gram")
+    well_scaled = torch.cat([torch.randn(10, d, generator=g), 3 + torch.randn(20, d, generator=g)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        threshold_clustering(well_scaled, well_scaled[10:11] + 0.1, QuantileRadius(0.3), 5, method="gram")
+        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="direct")
 
 
 @FAST
