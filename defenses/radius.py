@@ -30,7 +30,7 @@ class RadiusPolicy(Protocol):
     def __call__(self, distances: Tensor, round_index: int) -> Tensor: ...
 
 
-def meets(lower: Tensor, upper: Tensor, low: Tensor, high: Tensor) -> Tensor:
+def _meets(lower: Tensor, upper: Tensor, low: Tensor, high: Tensor) -> Tensor:
     """``[B, K, N]`` mask of points whose interval ``[lower, upper]`` meets the
     per-centre range ``[low, high]`` (``[B, K]``), ends included."""
     return (upper >= low.unsqueeze(-1)) & (lower <= high.unsqueeze(-1))
@@ -40,7 +40,7 @@ def _constant_undecided(tau: float, lower: Tensor, upper: Tensor) -> Tensor:
     """With a radius that ignores the distances, only points whose interval contains
     ``tau`` have an open membership."""
     value = lower.new_full(lower.shape[:-1], tau)
-    return meets(lower, upper, value, value)
+    return _meets(lower, upper, value, value)
 
 
 def _require(condition: bool, message: str) -> None:
@@ -127,8 +127,8 @@ class QuantileRadius:
         low_rank, high_rank = math.floor(position), math.ceil(position)
         rank_low = lower.sort(dim=-1).values[..., low_rank]
         rank_high = upper.sort(dim=-1).values[..., high_rank]
-        at_ranks = meets(lower, upper, rank_low, rank_high)
-        return at_ranks | meets(lower, upper, self(lower, 0), self(upper, 0))
+        at_ranks = _meets(lower, upper, rank_low, rank_high)
+        return at_ranks | _meets(lower, upper, self(lower, 0), self(upper, 0))
 
 
 def quantile_with_inf(values: Tensor, q: float) -> Tensor:
