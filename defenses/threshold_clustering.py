@@ -328,6 +328,7 @@ class _CentreDots:
         self.read: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._earlier: Tensor | None = None
         self._delta: Tensor | None = None
+        self._centre_norms: Tensor | None = None
         self._slack_scale = _ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
 
     def _known(self, centre_norms: Tensor) -> Tensor:
@@ -338,18 +339,20 @@ class _CentreDots:
     def _finish(self, squared: Tensor) -> Tensor:
         return _mask_distances(squared.clamp_min(0).sqrt(), self.admissible)
 
-    def slack(self, centre_norms: Tensor | None = None) -> Tensor:
-        """Rounding slack of every squared distance to the current centres, ``[B, K, N]``."""
-        if centre_norms is None:
-            centre_norms = _rowdot(self.centres, self.centres)
-        return self._slack_scale * (self.norms.unsqueeze(1) + centre_norms.unsqueeze(-1))
+    def centre_norms(self) -> Tensor:
+        """``||v_k||^2`` of the current centres, ``[B, K]``; computed once per round."""
+        if self._centre_norms is None:
+            self._centre_norms = _rowdot(self.centres, self.centres)
+        return self._centre_norms
 
-    def intervals(self, centre_norms: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def slack(self) -> Tensor:
+        """Rounding slack of every squared distance to the current centres, ``[B, K, N]``."""
+        return self._slack_scale * (self.norms.unsqueeze(1) + self.centre_norms().unsqueeze(-1))
+
+    def intervals(self) -> tuple[Tensor, Tensor]:
         """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
         scalars alone (``inf`` for inadmissible points), widened for rounding."""
-        if centre_norms is None:
-            centre_norms = _rowdot(self.centres, self.centres)
-        known = self._known(centre_norms)
+        known = self._known(self.centre_norms())
         shifted = known - 2 * _rowdot(self.centres, self.rho).unsqueeze(-1)
         radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
         if self.read is not None:
@@ -361,7 +364,7 @@ class _CentreDots:
             shifted = torch.where(rows.unsqueeze(1), near, shifted)
             radius = torch.where(rows.unsqueeze(1), torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
         middle = (shifted + radius * radius).clamp_min(0).sqrt()
-        slack = self.slack(centre_norms)
+        slack = self.slack()
         lower = ((middle - radius).clamp_min(0).square() - slack).clamp_min(0).sqrt()
         upper = ((middle + radius).square() + slack).sqrt()
         return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible)
@@ -370,9 +373,9 @@ class _CentreDots:
         """Distances to the current centres, ``[B, K, N]``: exact for every point the
         policy's ``undecided`` asks for (all points when it is ``None``); for the others
         the lower end of an interval that decides their membership the same way."""
-        centre_norms = _rowdot(self.centres, self.centres)
+        centre_norms = self.centre_norms()
         if not self.exact and undecided is not None:
-            lower, upper = self.intervals(centre_norms)
+            lower, upper = self.intervals()
             rows = (undecided(lower, upper) & self.admissible.unsqueeze(1)).any(1)  # [B, N]
             if int(rows.sum(-1).max()) <= _FULL_PRODUCT_SHARE * self.n:
                 products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
@@ -418,6 +421,7 @@ class _CentreDots:
                 self.gamma = None  # rho holds an earlier pending: no longer a multiple
         keep = 1 - inside_counts / self.n  # a_l, [B, K]
         self.centres.mul_(keep.unsqueeze(-1)).add_(self.ball, alpha=1.0 / self.n)
+        self._centre_norms = None
         self.sigma, self.t = keep * self.sigma, keep * self.t + 1.0 / self.n
         if not self.exact or change is not None:
             self.rho.mul_(keep.unsqueeze(-1)).add_(self.pending, alpha=1.0 / self.n)
@@ -443,20 +447,27 @@ def _gather_buffer(rows: int, dim: int, like: Tensor) -> Tensor:
     return buffer[: rows * dim].view(rows, dim)
 
 
+def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
+    """For ``mask[B, ..., N]``: the positions of its set entries first (in order), then
+    unset ones as padding, ``width`` per row (``order``); and the same positions as row
+    indices into ``z.reshape(B * N, d)`` (``index``)."""
+    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :width]
+    offsets = torch.arange(mask.shape[0], device=mask.device) * mask.shape[-1]
+    return order, order + offsets.view(-1, *([1] * (order.dim() - 1)))
+
+
 def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     """``<z_{b,j}, vectors_{b,k}>`` as ``[B, K, N]`` for the rows with ``rows[b, j]``
     (other entries are zero or also exact).  The rows are gathered in blocks of about
     ``_BLOCK_BYTES`` into one reused buffer and multiplied while in cache: the loop is
     over row blocks, not clients."""
     batch, n, dim = z.shape
-    counts = rows.sum(-1)
-    width = int(counts.max())
+    width = int(rows.sum(-1).max())
     out = z.new_zeros(batch, vectors.shape[1], n)
     if width == 0:
         return out
-    order = torch.argsort((~rows).to(torch.int8), dim=-1, stable=True)[:, :width]  # [B, w]
+    order, index = _selected_rows(rows, width)  # [B, w] each
     flat = z.reshape(batch * n, dim)
-    index = order + (torch.arange(batch, device=z.device) * n).unsqueeze(-1)
     block = max(1, _BLOCK_BYTES // (dim * z.element_size() * batch))
     buffer = _gather_buffer(batch * min(block, width), dim, z)
     transposed = vectors.transpose(1, 2)
@@ -514,9 +525,8 @@ def _weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
         return _blocked_product(weights, z)
     # Rows with a non-zero weight first; the tail of a short bag repeats rows whose
     # weight is zero, so it adds nothing.
-    order = torch.argsort((~nonzero).to(torch.int8), dim=-1, stable=True)[..., :width]  # [B, K, w]
+    order, index = _selected_rows(nonzero, width)  # [B, K, w] each
     coefficients = torch.gather(weights, -1, order)
-    index = order + (torch.arange(batch, device=z.device) * n).view(-1, 1, 1)
     sums = F.embedding_bag(
         index.reshape(batch * k, width),
         z.reshape(batch * n, dim),

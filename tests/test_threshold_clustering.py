@@ -48,6 +48,11 @@ def random_problem(seed: int, n: int, d: int, k: int, spread: float = 3.0):
     return points, centres
 
 
+def stacked(problems):
+    """``[B, N, d]`` points and ``[B, K, d]`` centres from a list of problems."""
+    return torch.stack([p for p, _ in problems]), torch.stack([c for _, c in problems])
+
+
 def policy_from(name: str, tau: float, q: float):
     if name == "fixed":
         return FixedRadius(tau)
@@ -334,8 +339,7 @@ def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method
     problem per client) gives each problem's own result."""
     avoid_rounding_ties(name, q, n)
     problems = [random_problem(seed + i, n, d, k) for i in range(b)]
-    points = torch.stack([p for p, _ in problems])
-    centres = torch.stack([c for _, c in problems])
+    points, centres = stacked(problems)
     policy = policy_from(name, tau, q)
     batched = threshold_clustering(points, centres, policy, rounds, method=method)
     assert batched.centres.shape == (b, k, d) and batched.inside.shape == (b, k, n)
@@ -359,8 +363,8 @@ def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method
     name=st.sampled_from(["fixed", "quantile", "cd"]),
 )
 def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
-    """The Gram-matrix evaluation (centres kept as combinations of the points) is the
-    same eq. 24 as the direct one: equal centres (to rounding), memberships and radii."""
+    """The inner-product evaluation (distances from ``||z||^2 - 2 <z, v> + ||v||^2``) is
+    the same eq. 24 as the direct one: equal centres (to rounding), memberships and radii."""
     avoid_rounding_ties(name, q, n)
     points, centres = random_problem(seed, n, d, k)
     policy = policy_from(name, tau, q)
@@ -393,9 +397,7 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
     are needed.  Whatever the share (0: always the full product; 1: never), the
     memberships, radii and centres are those of the direct evaluation of eq. 24."""
     avoid_rounding_ties(name, q, n)
-    problems = [random_problem(seed + i, n, d, k, spread=6.0) for i in range(b)]
-    points = torch.stack([p for p, _ in problems])
-    centres = torch.stack([c for _, c in problems])
+    points, centres = stacked([random_problem(seed + i, n, d, k, spread=6.0) for i in range(b)])
     policy = policy_from(name, tau, q)
     direct = threshold_clustering(points, centres, policy, rounds, method="direct", final_distances=True)
     with pytest.MonkeyPatch.context() as patch:
