@@ -312,6 +312,7 @@ class _CentreDots:
         batch, n, _ = z.shape
         k = v0.shape[1]
         self.z, self.norms, self.admissible, self.n = z, norms, admissible, n
+        self.lengths = norms.sqrt()  # ||z_j||
         self.centres = v0.clone()
         self.x_dots = products
         self.b_dots = torch.zeros_like(self.x_dots)
@@ -352,38 +353,65 @@ class _CentreDots:
     def intervals(self) -> tuple[Tensor, Tensor]:
         """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
         scalars alone (``inf`` for inadmissible points), widened for rounding."""
+        lower, upper, _, _ = self._bounds()
+        return lower, upper
+
+    def _bounds(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(lower, upper, estimate, settled)``, each ``[B, K, N]``.
+
+        Two bounds on the unknown ``<z_j, delta_j>`` are intersected: around the centre,
+        ``|<z_j - v, delta_j>| <= d_j R_j`` (tight for points near it), and around the
+        origin, ``|<z_j, delta_j>| <= ||z_j|| R_j`` (tight for points far from a centre
+        that moved by large rows, e.g. honest rows seen from a centre among 1e6-sized
+        attack rows).  ``settled`` marks the distances whose remaining uncertainty is
+        within their rounding slack: an inner product would not resolve them further,
+        so ``estimate`` (the squared distance without the unknown term, clamped into
+        the interval) serves as their computed value and they are never read."""
         known = self._known(self.centre_norms())
-        shifted = known - 2 * _rowdot(self.centres, self.rho).unsqueeze(-1)
         radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
+        free = known  # the squared distance without -2 <z_j, delta_j>
+        centre_dot = _rowdot(self.centres, self.rho).unsqueeze(-1)  # <v, delta_j>
         if self.read is not None:
             earlier, alpha, rows, products = self.read
             if self._delta is None:
                 self._delta = torch.empty_like(self.rho)
             delta = torch.addcmul(self.rho, earlier, -alpha.unsqueeze(-1), out=self._delta)
-            near = known - 2 * (alpha.unsqueeze(-1) * products + _rowdot(self.centres, delta).unsqueeze(-1))
-            shifted = torch.where(rows.unsqueeze(1), near, shifted)
-            radius = torch.where(rows.unsqueeze(1), torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
-        middle = (shifted + radius * radius).clamp_min(0).sqrt()
+            picked = rows.unsqueeze(1)
+            free = torch.where(picked, known - 2 * alpha.unsqueeze(-1) * products, known)
+            centre_dot = torch.where(picked, _rowdot(self.centres, delta).unsqueeze(-1), centre_dot)
+            radius = torch.where(picked, torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
+        middle = (free - 2 * centre_dot + radius * radius).clamp_min(0).sqrt()
+        reach = 2 * radius * self.lengths.unsqueeze(1)
+        low = torch.maximum((middle - radius).clamp_min(0).square(), free - reach)
+        high = torch.minimum((middle + radius).square(), free + reach)
         slack = self.slack()
-        lower = ((middle - radius).clamp_min(0).square() - slack).clamp_min(0).sqrt()
-        upper = ((middle + radius).square() + slack).sqrt()
-        return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible)
+        settled = (high - low) <= slack
+        estimate = self._finish(torch.minimum(free.clamp_min(low), high))
+        lower = ((low - slack).clamp_min(0)).sqrt()
+        upper = (high + slack).clamp_min(0).sqrt()
+        return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible), estimate, settled
 
     def distances(self, undecided: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
-        """Distances to the current centres, ``[B, K, N]``: exact for every point the
-        policy's ``undecided`` asks for (all points when it is ``None``); for the others
-        the lower end of an interval that decides their membership the same way."""
+        """Distances to the current centres, ``[B, K, N]``: exact (or settled: exact to
+        rounding, see :meth:`_bounds`) for every point the policy's ``undecided`` asks
+        for (all points when it is ``None``); for the others the lower end of an
+        interval that decides their membership the same way."""
         centre_norms = self.centre_norms()
         if not self.exact and undecided is not None:
-            lower, upper = self.intervals()
-            rows = (undecided(lower, upper) & self.admissible.unsqueeze(1)).any(1)  # [B, N]
-            if int(rows.sum(-1).max()) <= _FULL_PRODUCT_SHARE * self.n:
+            lower, upper, estimate, settled = self._bounds()
+            wanted = undecided(lower, upper) & self.admissible.unsqueeze(1)
+            rows = (wanted & ~settled).any(1)  # [B, N]
+            count = int(rows.sum(-1).max())
+            if count <= _FULL_PRODUCT_SHARE * self.n:
+                approximate = torch.where(settled, estimate, lower)
+                if count == 0:
+                    return approximate
                 products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
                 if self._earlier is None:
                     self._earlier = torch.empty_like(self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
                 exact = self._finish(self._known(centre_norms) - 2 * products)
-                return torch.where(rows.unsqueeze(1), exact, lower)
+                return torch.where(rows.unsqueeze(1), exact, approximate)
         if not self.exact:
             self.full_product()
         return self._finish(self._known(centre_norms))

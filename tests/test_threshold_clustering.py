@@ -427,6 +427,33 @@ def test_gram_warns_when_rounding_decides_a_membership():
         threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="direct")
 
 
+def test_gram_settles_far_rows_without_reading_them(monkeypatch):
+    """A centre among 1e6-sized rows (the large-gradient attack) whose quantile radius
+    falls among small honest rows: the honest rows' distances differ by far less than
+    float32 rounding of 1e6-sized inner products, so no product could order them
+    better than the interval from their own norms (``||z_j|| R``) does.  They are
+    settled from scalars and never read; the attack rows, whose intervals are wider
+    than rounding, are."""
+    g = torch.Generator().manual_seed(0)
+    d = 4000
+    honest = torch.randn(10, d, generator=g)
+    points = torch.cat([honest, 1e6 + 100 * torch.randn(20, d, generator=g)])
+    read_rows = []
+    original = tc._row_products
+
+    def spy(z, rows, vectors):
+        read_rows.append(rows.clone())
+        return original(z, rows, vectors)
+
+    monkeypatch.setattr(tc, "_row_products", spy)
+    monkeypatch.setattr(tc, "_FULL_PRODUCT_SHARE", 1.0)  # reads, never a full product
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # decided by rounding, as warned
+        threshold_clustering(points, points[10:11].clone(), QuantileRadius(0.8), 6, method="gram")
+    assert read_rows, "the attack rows' memberships need reads"
+    assert not any(bool(rows[..., :10].any()) for rows in read_rows)
+
+
 @FAST
 @given(seed=seeds, b=st.integers(1, 2), n=st.integers(1, 30), d=st.integers(1, 40), k=st.integers(1, 3), data=st.data())
 def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
@@ -434,8 +461,10 @@ def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
     eq. 24 steps (any memberships; full products or reads of the undecided rows at any
     rounds), the centre equals the
     explicit recursion ``v <- a v + w / N`` and every point's distance to it lies in the
-    interval computed from scalars alone, ``sqrt(E + R^2) -+ R`` (Cauchy-Schwarz on the
-    residual's products)."""
+    interval computed from scalars alone: Cauchy-Schwarz on the residual's products,
+    around the centre (``sqrt(E + R^2) -+ R``) and around the origin (``||z_j|| R``).
+    Where the interval is no wider than the rounding slack, the estimate it returns
+    is within that slack of the exact squared distance."""
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(b, n, d, generator=g, dtype=F64) * data.draw(st.sampled_from([0.1, 1.0, 30.0]))
     v = torch.randn(b, k, d, generator=g, dtype=F64)
@@ -459,9 +488,12 @@ def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
         dots.step(change if bool(change.any()) else None, entered.sum(-1).to(F64))
         inside = entered
         torch.testing.assert_close(dots.centres, v, rtol=1e-10, atol=1e-10)
-        lower, upper = dots.intervals()
+        lower, upper, estimate, settled = dots._bounds()
         exact = torch.cdist(v, z)
         assert bool((lower <= exact * (1 + 1e-9) + 1e-9).all()) and bool((exact <= upper * (1 + 1e-9) + 1e-9).all())
+        # a settled estimate is within the rounding slack of the exact squared distance
+        error = (estimate.square() - exact.square()).abs()
+        assert bool((error[settled] <= 2 * dots.slack()[settled] + 1e-9).all())
 
 
 @FAST
