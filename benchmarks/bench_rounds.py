@@ -526,34 +526,61 @@ def worker_fc(spec: dict[str, Any]) -> dict[str, Any]:
         "rss_after_data_gib": rss_data,
     }
     rows = max(meter.chunk_rows)
+    limit = fed.receiver_limit
     models = algorithm.client_models().clone()
-    del algorithm
     fed.receiver_limit = None
     all_receivers = (~fed.byzantine).nonzero().squeeze(-1)
     if spec.get("sweep"):
         result.update(gradient_sweep(fed, models, all_receivers, rows, roof, flops_per_pair))
         result.update(single_thread_kernel(fed, models, all_receivers, rows, flops_per_pair))
-    # the loop reference, in this process
+    # the loop reference, in this process, interleaved with further library rounds
     loop = LoopReference(fed)
     batch = fed.sample_batch()
     sample = all_receivers[: spec["loop_receivers"]].tolist()
     loop.load(models[sample[0]])
     loop.gradient(batch.inputs[0], batch.targets[0])  # warm-up (autograd)
-    times = []
-    for _ in range(spec.get("loop_reps", 1)):
-        t = time.perf_counter()
+
+    def library_round(round_index: int) -> float:
+        fed.receiver_limit = limit
+        meter.reset()
+        start = time.perf_counter()
+        algorithm.step(round_index)
+        return _extrapolate_fc(meter, start, time.perf_counter(), honest_total)["seconds_per_round"]
+
+    def loop_round() -> float:
+        start = time.perf_counter()
         loop.fc_receivers(models, batch, sample)
-        times.append(time.perf_counter() - t)
-    loop_seconds = statistics.median(times) * honest_total / len(sample)
+        return (time.perf_counter() - start) * honest_total / len(sample)
+
     result.update(
         {
+            "first_round_seconds": result["seconds_per_round"],
             "loop_receivers_timed": len(sample),
-            "loop_seconds_per_round": loop_seconds,
-            "speedup_vs_loop": loop_seconds / result["seconds_per_round"],
+            **_paired(library_round, loop_round, spec.get("pairs", 3), first_round=1),
             "gemm_gflops_median": statistics.median(roof.samples) / 1e9,
         }
     )
     return result
+
+
+def _paired(
+    library_round: Callable[[int], float], loop_round: Callable[[], float], pairs: int, first_round: int
+) -> dict[str, Any]:
+    """Library rounds and loop-reference rounds taken alternately, so that both meet
+    the same load (another tenant's work drifts over seconds to minutes).  The speedup
+    is the median of the per-pair ratios; the seconds are medians too."""
+    library, reference = [], []
+    for index in range(pairs):
+        library.append(library_round(first_round + index))
+        reference.append(loop_round())
+    return {
+        "seconds_per_round": statistics.median(library),
+        "round_times": library,
+        "loop_seconds_per_round": statistics.median(reference),
+        "loop_round_times": reference,
+        "loop_rounds_timed": pairs,
+        "speedup_vs_loop": statistics.median(b / a for a, b in zip(library, reference)),
+    }
 
 
 def worker_mc(spec: dict[str, Any]) -> dict[str, Any]:
@@ -568,44 +595,41 @@ def worker_mc(spec: dict[str, Any]) -> dict[str, Any]:
     algorithm.snapshot_records = False  # as the experiment runner does
     meter = GradientMeter(fed, flops_per_pair)
     algorithm.step(0)  # k-means++ seeding happens here; later rounds are warm-started
-    first = _section(roof)
-    rounds, grads, flops = [], [], []
-    for r in range(1, 1 + spec["rounds"]):
-        meter.reset()
-        t = time.perf_counter()
-        algorithm.step(r)
-        rounds.append(time.perf_counter() - t)
-        grads.append(meter.seconds)
-        flops.append(meter.flops)
-    peak = peak_rss_gib()
-    roof.probe(2)
-    gemm = roof.since(first)
-    lib = statistics.median(rounds)
-    grad_rate = sum(flops) / sum(grads)
-    # the loop reference, in this process
     loop = LoopReference(fed)
     state = loop.mc_state(fed.init_params(1).expand(fed.clients, -1), fed.clusters)
     loop.mc_round(state, fed.sample_batch())  # round 0: centres seeded
-    loop_times = []
-    for _ in range(spec.get("loop_rounds", 2)):
+    first = _section(roof)
+    grads, flops = [], []
+
+    def library_round(round_index: int) -> float:
+        meter.reset()
+        start = time.perf_counter()
+        algorithm.step(round_index)
+        seconds = time.perf_counter() - start
+        grads.append(meter.seconds)
+        flops.append(meter.flops)
+        return seconds
+
+    def loop_round() -> float:
         batch = fed.sample_batch()
-        t = time.perf_counter()
+        start = time.perf_counter()
         loop.mc_round(state, batch)
-        loop_times.append(time.perf_counter() - t)
-    loop_seconds = statistics.median(loop_times)
+        return time.perf_counter() - start
+
+    paired = _paired(library_round, loop_round, spec["rounds"], first_round=1)
+    peak = peak_rss_gib()
+    roof.probe(2)
+    gemm = roof.since(first)
+    grad_rate = sum(flops) / sum(grads)
     return {
-        "rounds_timed": len(rounds),
-        "seconds_per_round": lib,
-        "round_times": rounds,
+        "rounds_timed": spec["rounds"],
+        **paired,
         "gradient_seconds_per_round": statistics.median(grads),
-        "gradient_share": sum(grads) / sum(rounds),
+        "gradient_share": sum(grads) / sum(paired["round_times"]),
         "gradient_gflops": grad_rate / 1e9,
         "round_gemm_gflops": gemm / 1e9,
         "round_roofline_fraction": grad_rate / gemm,
         "peak_rss_gib": peak,
-        "loop_rounds_timed": len(loop_times),
-        "loop_seconds_per_round": loop_seconds,
-        "speedup_vs_loop": loop_seconds / lib,
         "gemm_gflops_median": statistics.median(roof.samples) / 1e9,
     }
 
@@ -645,7 +669,7 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                         # the gradient sweep depends on the chunk size only: once per budget
                         "sweep": index == 0,
                         "loop_receivers": 4 if scale == "n64" else 2,
-                        "loop_reps": 1,
+                        "pairs": 3,
                     }
                 )
         for method in methods:
@@ -655,7 +679,6 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                     "scale": scale,
                     "method": method,
                     "rounds": 5,  # the first rounds after seeding cost more: time several
-                    "loop_rounds": 2,
                 }
             )
     return specs
@@ -730,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         help="FC receivers timed per round, extrapolated to all honest ones "
         "(default: 26 at N = 64, 12 at the Fig. 6 scale; 0: full rounds)",
     )
-    parser.add_argument("--budgets", type=int, nargs="+", default=[256, 1024, 4096], help="FC memory_budget_mb values")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024], help="FC memory_budget_mb values (1024 is the library default)")
     parser.add_argument("--methods", nargs="+", default=["gram", "direct"], choices=["gram", "direct"])
     parser.add_argument("--algorithms", nargs="+", default=["fc", "mc"], choices=["fc", "mc"])
     parser.add_argument("--scales", nargs="+", default=None, choices=["n64", "fig6"],

@@ -29,6 +29,7 @@ import math
 import threading
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Literal
 
 import torch
@@ -45,13 +46,16 @@ class ClusteringResult:
     ``centres[..., K, d]`` after the last round; ``inside[..., K, N]`` the membership of
     the last round's balls; ``radius[..., K]`` the last round's radii;
     ``distances[..., K, N]`` from every point to the returned centres (``inf`` for
-    inadmissible points or centres), only when asked for, else ``None``.
+    inadmissible points or centres), only when asked for, else ``None``;
+    ``nearest[..., N]`` the index of every point's nearest returned centre (0 for an
+    inadmissible point), only when asked for, else ``None``.
     """
 
     centres: Tensor
     inside: Tensor
     radius: Tensor
     distances: Tensor | None = None
+    nearest: Tensor | None = None
 
 
 def squared_norms(points: Tensor) -> Tensor:
@@ -74,6 +78,7 @@ def threshold_clustering(
     *,
     method: Literal["direct", "gram"] = "direct",
     final_distances: bool = False,
+    nearest: bool = False,
 ) -> ClusteringResult:
     """Run ``rounds`` rounds of Threshold-Clustering.
 
@@ -88,7 +93,10 @@ def threshold_clustering(
         rounds: number of rounds ``M`` (the paper uses 10); 0 returns the input.
         method: ``"direct"`` or ``"gram"`` (see module docstring).
         final_distances: also return every point's distance to the final centres
-            (what a nearest-centre assignment needs; nearly free with ``"gram"``).
+            (nearly free with ``"gram"``).
+        nearest: also return every point's nearest final centre (Alg. 4's
+            assignment).  With ``"gram"`` only the points whose nearest centre their
+            distance intervals leave open are read.
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -117,28 +125,24 @@ def threshold_clustering(
     if not bool(admissible.all()):
         clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
         norms = torch.where(admissible, norms, 0.0)
+    final = "exact" if final_distances else "nearest" if nearest else None
     if products is None:
-        result = _run_direct(clean, start, admissible, policy, rounds, final_distances)
+        result = _run_direct(clean, start, admissible, policy, rounds, final)
     else:
-        result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final_distances)
-    if not bool(live.all()):
-        distances = result.distances
-        if distances is not None:
-            distances = torch.where(live.unsqueeze(-1), distances, math.inf)
-        result = ClusteringResult(
-            torch.where(live.unsqueeze(-1), result.centres, v0),
-            result.inside & live.unsqueeze(-1),
-            result.radius,
-            distances,
-        )
+        result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final, live)
+    distances = result.distances
+    if distances is not None and not bool(live.all()):
+        distances = torch.where(live.unsqueeze(-1), distances, math.inf)
+    result = ClusteringResult(
+        torch.where(live.unsqueeze(-1), result.centres, v0),
+        result.inside & live.unsqueeze(-1),
+        result.radius,
+        distances if final_distances else None,
+        distances.argmin(dim=-2) if nearest else None,
+    )
     if batched:
         return result
-    return ClusteringResult(
-        result.centres[0],
-        result.inside[0],
-        result.radius[0],
-        None if result.distances is None else result.distances[0],
-    )
+    return ClusteringResult(*(None if field is None else field[0] for field in vars(result).values()))
 
 
 # Row blocks of :func:`_norms_and_products`: about one core's L2 cache (2.5 MiB; 4
@@ -172,6 +176,17 @@ def _inside(distances: Tensor, tau: Tensor, strict: bool) -> Tensor:
     return within & torch.isfinite(distances)
 
 
+def _nearest_undecided(live: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
+    """``[B, K, N]``: for the points whose nearest live centre the intervals leave
+    open, the centres that may be nearest.  A centre whose ``lower`` exceeds the
+    smallest ``upper`` is never nearest, so a point with a single remaining candidate
+    has it as nearest centre wherever its distances lie within their intervals."""
+    dead = ~live.unsqueeze(-1)
+    lower, upper = lower.masked_fill(dead, math.inf), upper.masked_fill(dead, math.inf)
+    candidate = lower <= upper.amin(dim=-2, keepdim=True)
+    return candidate & (candidate.sum(dim=-2, keepdim=True) >= 2)
+
+
 def _mask_distances(distances: Tensor, admissible: Tensor) -> Tensor:
     inf = torch.full_like(distances, math.inf)
     bad = ~admissible.unsqueeze(-2) | torch.isnan(distances)
@@ -184,9 +199,9 @@ def _run_direct(
     admissible: Tensor,
     policy: RadiusPolicy,
     rounds: int,
-    final_distances: bool,
+    final: str | None,
 ) -> ClusteringResult:
-    """Eq. 24 from coordinates."""
+    """Eq. 24 from coordinates; ``final`` (any value) adds the final distances."""
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
@@ -197,7 +212,7 @@ def _run_direct(
         weights = inside.to(z.dtype)
         count = weights.sum(-1, keepdim=True)
         v = v + (torch.bmm(weights, z) - count * v) / n
-    return ClusteringResult(v, inside, tau, _direct_distances(v, z, admissible) if final_distances else None)
+    return ClusteringResult(v, inside, tau, _direct_distances(v, z, admissible) if final else None)
 
 
 def _direct_distances(v: Tensor, z: Tensor, admissible: Tensor) -> Tensor:
@@ -213,7 +228,8 @@ def _run_gram(
     products: Tensor,
     policy: RadiusPolicy,
     rounds: int,
-    final_distances: bool,
+    final: str | None,
+    live: Tensor,
 ) -> ClusteringResult:
     """Eq. 24 evaluated through inner products, reading only the points a round needs.
 
@@ -225,6 +241,10 @@ def _run_gram(
     points whose exact distance the round needs (those near its order statistics or
     its radius); only they are read.  When they are many, one product with all points
     makes every distance exact again.  See :class:`_CentreDots`.
+
+    ``final``: ``"exact"`` adds the final distances; ``"nearest"`` adds distances that
+    are exact only where the intervals leave the nearest ``live`` centre open, and
+    decide it everywhere.
     """
     k = v0.shape[1]
     dots = _CentreDots(z, norms, admissible, v0, products)
@@ -239,7 +259,11 @@ def _run_gram(
         change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
         dots.step(change if bool(change.any()) else None, inside.sum(-1).to(z.dtype))
-    distances = dots.distances(None) if final_distances else None
+    distances = None
+    if final == "exact":
+        distances = dots.distances(None)
+    elif final == "nearest":
+        distances = dots.distances(partial(_nearest_undecided, live))
     if unresolved:
         warnings.warn(
             "Threshold-Clustering (method='gram'): a point at a ball's boundary is closer "

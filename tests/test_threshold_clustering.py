@@ -409,6 +409,42 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
     torch.testing.assert_close(gram.distances, direct.distances, rtol=1e-8, atol=1e-6)
 
 
+@FAST
+@given(
+    seed=seeds,
+    b=st.integers(1, 3),
+    n=st.integers(10, 60),
+    d=st.integers(2, 30),
+    k=st.integers(2, 4),
+    rounds=st.integers(1, 8),
+    q=st.floats(0.05, 0.6),
+    dead=st.booleans(),
+    method=st.sampled_from(["gram", "direct"]),
+    spread=st.sampled_from([0.2, 1.0, 6.0]),
+)
+def test_nearest_centre_is_the_argmin_of_the_exact_final_distances(seed, b, n, d, k, rounds, q, dead, method, spread):
+    """Alg. 4's assignment: ``nearest`` is the index of each point's closest final
+    centre, exactly as the argmin of the direct final distances, although the gram
+    evaluation reads only the points whose intervals leave it open.  An inadmissible
+    (NaN) initial centre is never anyone's nearest; inadmissible points get 0."""
+    avoid_rounding_ties("quantile", q, n)
+    points, centres = stacked([random_problem(seed + i, n, d, k, spread=spread) for i in range(b)])
+    if dead:
+        centres[:, 0] = math.nan
+    points[:, -1] = math.inf  # one inadmissible point per problem
+    policy = QuantileRadius(q)
+    result = threshold_clustering(points, centres, policy, rounds, method=method, nearest=True)
+    exact = threshold_clustering(points, centres, policy, rounds, method="direct", final_distances=True)
+    assert result.distances is None
+    expected = exact.distances.argmin(dim=-2)
+    assert torch.equal(result.nearest, expected)
+    assert bool((result.nearest[:, -1] == 0).all())
+    if dead:
+        assert bool((result.nearest[:, :-1] != 0).all())
+    single = threshold_clustering(points[0], centres[0], policy, rounds, method=method, nearest=True)
+    assert torch.equal(single.nearest, result.nearest[0])
+
+
 def test_gram_warns_when_rounding_decides_a_membership():
     """A centre among a tight cluster of 1e6-sized float32 rows (the large-gradient
     attack's shape): distances of ~1e4 are far below the rounding of inner products of
