@@ -669,7 +669,7 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                         # the gradient sweep depends on the chunk size only: once per budget
                         "sweep": index == 0,
                         "loop_receivers": 4 if scale == "n64" else 2,
-                        "pairs": 3,
+                        "pairs": 5,
                     }
                 )
         for method in methods:

@@ -510,24 +510,31 @@ def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
 
 def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     """``<z_{b,j}, vectors_{b,k}>`` as ``[B, K, N]`` for the rows with ``rows[b, j]``
-    (other entries are zero or also exact).  The rows are gathered in blocks of about
-    ``_BLOCK_BYTES`` into one reused buffer and multiplied while in cache: the loop is
-    over row blocks, not clients."""
+    (other entries are zero).  Only the chosen rows are read: they are gathered, in
+    problem order, in blocks of about ``_BLOCK_BYTES`` into one reused buffer, and each
+    block is multiplied while in cache by the vectors of the problems it spans (one
+    slice of consecutive columns).  The loop is over row blocks, not clients; no
+    problem reads another's rows as padding."""
     batch, n, dim = z.shape
-    width = int(rows.sum(-1).max())
-    out = z.new_zeros(batch, vectors.shape[1], n)
-    if width == 0:
+    k = vectors.shape[1]
+    out = z.new_zeros(batch, k, n)
+    pairs = rows.nonzero()  # [P, 2]: (problem, row), grouped by problem
+    if pairs.shape[0] == 0:
         return out
-    order, index = _selected_rows(rows, width)  # [B, w] each
+    problem, row = pairs[:, 0], pairs[:, 1]
     flat = z.reshape(batch * n, dim)
-    block = max(1, _BLOCK_BYTES // (dim * z.element_size() * batch))
-    buffer = _gather_buffer(batch * min(block, width), dim, z)
-    transposed = vectors.transpose(1, 2)
-    for start in range(0, width, block):
-        part = index[:, start : start + block]
-        gathered = torch.index_select(flat, 0, part.reshape(-1), out=buffer[: part.numel()])
-        products = torch.bmm(gathered.view(batch, -1, dim), transposed)  # [B, w', K]
-        out.scatter_(2, order[:, start : start + block].unsqueeze(1).expand(-1, vectors.shape[1], -1), products.transpose(1, 2))
+    columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
+    block = max(1, _BLOCK_BYTES // (dim * z.element_size()))
+    buffer = _gather_buffer(min(block, pairs.shape[0]), dim, z)
+    offsets = torch.arange(k, device=z.device)
+    bounds = problem.tolist()
+    for start in range(0, pairs.shape[0], block):
+        stop = min(start + block, pairs.shape[0])
+        first, last = bounds[start], bounds[stop - 1]
+        gathered = torch.index_select(flat, 0, problem[start:stop] * n + row[start:stop], out=buffer[: stop - start])
+        products = gathered @ columns[:, first * k : (last + 1) * k]  # [p, K x problems spanned]
+        picked = products.gather(1, (problem[start:stop, None] - first) * k + offsets)  # [p, K]
+        out[problem[start:stop], :, row[start:stop]] = picked
     return out
 
 
