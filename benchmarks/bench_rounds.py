@@ -753,7 +753,7 @@ def main(argv: list[str] | None = None) -> int:
         help="FC receivers timed per round, extrapolated to all honest ones "
         "(default: 26 at N = 64, 12 at the Fig. 6 scale; 0: full rounds)",
     )
-    parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024], help="FC memory_budget_mb values (1024 is the library default)")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024], help="FC memory_budget_mb values (512 is the library default)")
     parser.add_argument("--methods", nargs="+", default=["gram", "direct"], choices=["gram", "direct"])
     parser.add_argument("--algorithms", nargs="+", default=["fc", "mc"], choices=["fc", "mc"])
     parser.add_argument("--scales", nargs="+", default=None, choices=["n64", "fig6"],
