@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Callable, Literal
 
@@ -142,7 +142,8 @@ def threshold_clustering(
     )
     if batched:
         return result
-    return ClusteringResult(*(None if field is None else field[0] for field in vars(result).values()))
+    unbatched = {field.name: getattr(result, field.name) for field in fields(result)}
+    return ClusteringResult(**{name: None if value is None else value[0] for name, value in unbatched.items()})
 
 
 # Row blocks of :func:`_norms_and_products`: about one core's L2 cache (2.5 MiB; 4
