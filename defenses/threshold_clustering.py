@@ -378,14 +378,10 @@ class _CentreDots:
         """Rounding slack of every squared distance to the current centres, ``[B, K, N]``."""
         return self._slack_scale * (self.norms.unsqueeze(1) + self.centre_norms().unsqueeze(-1))
 
-    def intervals(self) -> tuple[Tensor, Tensor]:
-        """``lower <= ||z_j - v_k|| <= upper`` for every point, ``[B, K, N]`` each, from
-        scalars alone (``inf`` for inadmissible points), widened for rounding."""
-        lower, upper, _, _ = self._bounds()
-        return lower, upper
-
     def _bounds(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``(lower, upper, estimate, settled)``, each ``[B, K, N]``.
+        """``(lower, upper, estimate, settled)``, each ``[B, K, N]``: ``lower <=
+        ||z_j - v_k|| <= upper`` for every point from scalars alone (``inf`` for
+        inadmissible points), widened for rounding.
 
         Two bounds on the unknown ``<z_j, delta_j>`` are intersected: around the centre,
         ``|<z_j - v, delta_j>| <= d_j R_j`` (tight for points near it), and around the

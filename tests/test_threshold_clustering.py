@@ -34,6 +34,8 @@ F64 = torch.float64
 FAST = settings(max_examples=40, deadline=None)
 
 seeds = st.integers(0, 2**31 - 1)
+# Batches of problems large enough for balls to hold several points.
+BATCHED_PROBLEMS = dict(seed=seeds, b=st.integers(1, 3), n=st.integers(10, 60), d=st.integers(2, 30))
 
 
 def random_problem(seed: int, n: int, d: int, k: int, spread: float = 3.0):
@@ -379,10 +381,7 @@ def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
 
 @FAST
 @given(
-    seed=seeds,
-    b=st.integers(1, 3),
-    n=st.integers(10, 60),
-    d=st.integers(2, 30),
+    **BATCHED_PROBLEMS,
     k=st.integers(1, 3),
     rounds=st.integers(1, 10),
     tau=st.floats(0.5, 8.0),
@@ -411,10 +410,7 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
 
 @FAST
 @given(
-    seed=seeds,
-    b=st.integers(1, 3),
-    n=st.integers(10, 60),
-    d=st.integers(2, 30),
+    **BATCHED_PROBLEMS,
     k=st.integers(2, 4),
     rounds=st.integers(1, 8),
     q=st.floats(0.05, 0.6),
