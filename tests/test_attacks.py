@@ -192,16 +192,16 @@ def test_write_rows_draws_exactly_what_the_call_returns(name, options):
 
 
 def test_large_noise_blocks_do_not_depend_on_the_thread_count():
-    """Blocks above 2^21 values are drawn in fixed parts on a thread pool: the values
-    are the same with 1 and 2 torch threads, and still N(mean, std^2)."""
-    from attacks._stats import fill_normal
+    """Blocks above ``_PART_VALUES`` values are drawn in fixed parts on a thread pool:
+    the values are the same with 1 and 2 torch threads, and still N(mean, std^2)."""
+    from attacks._stats import _PART_VALUES, fill_normal
 
     draws = []
     previous = torch.get_num_threads()
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            rows = torch.empty(2, 3, (1 << 21) // 3 + 5)  # two blocks of 2^21 + 15 values
+            rows = torch.empty(2, 3, 4 * _PART_VALUES // 3 + 5)  # two blocks of 4 parts and 15 values
             fill_normal(rows, torch.Generator().manual_seed(8), 3.0, 2.0)
             draws.append(rows)
     finally:
