@@ -60,9 +60,9 @@ class Algorithm:
         #: the momenta as they are produced).
         self.snapshot_records = True
 
-    def kept(self, tensor: Tensor) -> Tensor:
+    def kept(self, tensor: Tensor | None) -> Tensor | None:
         """``tensor`` as a record may hold it: a copy when :attr:`snapshot_records`."""
-        return tensor.clone() if self.snapshot_records else tensor
+        return tensor.clone() if self.snapshot_records and tensor is not None else tensor
 
     def step(self, round_index: int) -> RoundRecord:
         raise NotImplementedError
@@ -87,6 +87,8 @@ class HeavyBall:
         self.skipped = 0
         self._spare: Tensor | None = None  # next buffer, for whole-tensor steps
         self._moved: Tensor | None = None  # candidate parameters, for whole-tensor steps
+        # (params, its version counter, a bound on max|params|) after an in-place step
+        self._bound: tuple[Tensor, int, float] | None = None
 
     def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
         """Update ``params`` in place with ``update`` on ``rows`` (all rows if None).
@@ -107,26 +109,39 @@ class HeavyBall:
         self.buffer[rows] = buffer
         params[rows] = moved
 
-    def apply_gathered(self, params: Tensor, source: Tensor, index: Tensor, out: Tensor) -> Tensor:
+    def apply_gathered(self, params: Tensor, source: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor | None:
         """``apply(params, source[index])`` when every update row is one of a few
-        ``source`` rows (Alg. 4 sends each client its cluster's centre); the gathered
-        updates land in ``out`` and are returned.
+        ``source`` rows (Alg. 4 sends each client its cluster's centre).  With ``out``
+        the gathered updates land there and are returned; without, they are formed only
+        where the checked path needs them, and ``None`` is returned.
 
         Without momentum, when every source row passes :meth:`apply`'s check and no
         parameter can overflow (``d (max|x| + lr max|v|)`` under half the dtype's
         maximum, which also keeps every new row's sum finite), no row can be skipped:
-        the step is done in place with :meth:`apply`'s own arithmetic
-        (``x + (-lr) v``), saving the candidate tensor, its checks and its copy.
-        Otherwise this is :meth:`apply`."""
-        updates = torch.index_select(source, 0, index, out=out)
+        each source row is subtracted in place from the rows that use it, with
+        :meth:`apply`'s own arithmetic (``x + (-lr) v``), saving the candidate tensor,
+        its checks and its copy.  ``max|x|`` is carried from the previous step while
+        nothing else wrote to ``params``.  Otherwise this is :meth:`apply`."""
+        updates = None if out is None else torch.index_select(source, 0, index, out=out)
         if self.momentum == 0 and bool(_finite_rows(source).all()) and params.numel():
-            low, high = torch.aminmax(params)
-            largest = max(abs(float(low)), abs(float(high))) + self.lr * float(source.abs().max())
+            largest = self._largest(params) + self.lr * float(source.abs().max())
             if params.shape[-1] * largest < 0.5 * torch.finfo(params.dtype).max:  # NaN fails too
-                params.add_(updates, alpha=-self.lr)
+                _subtract_rows(params, source, index, self.lr)
+                eps = torch.finfo(params.dtype).eps
+                self._bound = (params, params._version, largest * (1 + 4 * eps))
                 return updates
-        self.apply(params, updates)
+        self.apply(params, torch.index_select(source, 0, index) if updates is None else updates)
         return updates
+
+    def _largest(self, params: Tensor) -> float:
+        """``max|x|`` over ``params``, or an upper bound on it carried from the last
+        in-place step when ``params`` was not written since (its version counter)."""
+        if self._bound is not None:
+            tensor, version, bound = self._bound
+            if tensor is params and params._version == version:
+                return bound
+        low, high = torch.aminmax(params)
+        return max(abs(float(low)), abs(float(high)))
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
         """:meth:`apply` on every row, through two reused scratch tensors (a fresh
@@ -164,6 +179,17 @@ class HeavyBall:
         self.skipped += int((~ok).sum())
         index = slice(None) if rows is None else rows
         return torch.where(ok, buffer, self.buffer[index]), torch.where(ok, moved, params[index])
+
+
+def _subtract_rows(params: Tensor, source: Tensor, index: Tensor, lr: float) -> None:
+    """``params[i] += -lr * source[index[i]]`` in place, one ``index_add_`` per source
+    row over the rows that use it (no ``[N, d]`` gather; the loop is over the few
+    source rows, not clients)."""
+    order = torch.argsort(index, stable=True)
+    counts = torch.bincount(index, minlength=source.shape[0]).tolist()
+    for row, rows in enumerate(torch.split(order, counts)):
+        if rows.numel():
+            params.index_add_(0, rows, source[row].expand(rows.numel(), -1), alpha=-lr)
 
 
 def _finite_rows(x: Tensor) -> Tensor:

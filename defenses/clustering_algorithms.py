@@ -225,7 +225,7 @@ class _ServerClustering(Algorithm):
         centres, assignment = self._cluster(messages, copy)
         return centres[assignment]
 
-    def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor:
+    def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor | None:
         fed = self.federation
         state = {"centres": self.centres, "radius_policy": self.policy, "aggregate": self._probe}
         # An attack that reads nothing overwrites the Byzantine rows in place: those rows
@@ -241,8 +241,10 @@ class _ServerClustering(Algorithm):
         )
         self.centres, self.assignment = self._cluster(received, self._init_rng)
         # Every row is stepped: Byzantine clients' own models are never read, and
-        # gathering the honest rows would cost two extra [N, d] copies.
-        return self.optimizer.apply_gathered(self.models, self.centres, self.assignment, self._buffer("updates"))
+        # gathering the honest rows would cost two extra [N, d] copies.  The applied
+        # rows (centres[assignment]) are gathered only for records that keep them.
+        out = self._buffer("updates") if self.snapshot_records else None
+        return self.optimizer.apply_gathered(self.models, self.centres, self.assignment, out)
 
     def client_models(self) -> Tensor:
         return self.models

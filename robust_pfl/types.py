@@ -70,7 +70,9 @@ class RoundRecord:
     ``updates`` are the vectors each client applied; ``assignment`` the cluster each
     client was assigned this round (``[N]``), if the algorithm forms clusters.
     Records are snapshots unless the algorithm's ``snapshot_records`` was turned off
-    (then tensors may be buffers the algorithm overwrites in its next step).  When the
+    (then tensors may be buffers the algorithm overwrites in its next step, and
+    algorithms that send each client its cluster's centre leave ``updates`` out: it is
+    ``centres[assignment]``).  When the
     attack reads no message (``reads_messages = False``), engines skip the Byzantine
     clients' honest work: their rows of ``gradients``/``momenta`` are then not honest
     values (zeros, or what they sent).

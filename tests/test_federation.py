@@ -456,11 +456,15 @@ def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum,
     st.sampled_from([0.0, 1.0, -2.5, 1e38, -3e38, math.nan, math.inf]),
     st.sampled_from([1.0, 3e37, 3e38]),
     st.integers(0, 1000),
+    st.booleans(),
+    st.sampled_from([None, 1.0, 3e38, -3.3e38]),
 )
-def test_heavy_ball_gathered_step_equals_apply(rows, k, momentum, hostile, scale, seed):
+def test_heavy_ball_gathered_step_equals_apply(rows, k, momentum, hostile, scale, seed, keep, written):
     """``apply_gathered`` (MC's in-place step from K centres) is ``apply`` on the
     gathered rows: same parameters, buffer and skip count, with hostile centres and
-    parameters near float32's overflow."""
+    parameters near float32's overflow, with or without keeping the gathered rows, and
+    when something else writes a parameter between two steps (the bound on ``max|x|``
+    carried from the last step must then not be used)."""
     g = torch.Generator().manual_seed(seed)
     params = torch.randn(rows, 4, generator=g) * scale
     source = torch.randn(k, 4, generator=g)
@@ -468,13 +472,34 @@ def test_heavy_ball_gathered_step_equals_apply(rows, k, momentum, hostile, scale
     index = torch.randint(0, k, (rows,), generator=g)
     gathered, plain = params.clone(), params.clone()
     opt_gathered, opt_plain = HeavyBall(0.5, momentum, gathered), HeavyBall(0.5, momentum, plain)
-    for _ in range(2):
-        returned = opt_gathered.apply_gathered(gathered, source, index, torch.empty(rows, 4))
-        assert torch.equal(returned.view(torch.int32), source[index].view(torch.int32))  # NaN too
+    for step in range(3):
+        if step == 2 and written is not None:
+            gathered[-1, 0] = plain[-1, 0] = written
+        returned = opt_gathered.apply_gathered(gathered, source, index, torch.empty(rows, 4) if keep else None)
+        if keep:
+            assert torch.equal(returned.view(torch.int32), source[index].view(torch.int32))  # NaN too
+        else:
+            assert returned is None
         opt_plain.apply(plain, source[index])
     assert torch.equal(gathered, plain)
     assert opt_gathered.skipped == opt_plain.skipped
     assert torch.equal(opt_gathered.buffer, opt_plain.buffer)
+
+
+def test_heavy_ball_gathered_step_rechecks_parameters_written_by_someone_else():
+    """The in-place step carries a bound on ``max|x|`` between steps; a parameter
+    written in between (here to near float32's maximum) must be seen, so that a small
+    update that overflows it is still skipped instead of writing Inf."""
+    params = torch.zeros(2, 1)
+    opt = HeavyBall(1.0, 0.0, params)
+    index = torch.zeros(2, dtype=torch.long)
+    opt.apply_gathered(params, torch.ones(1, 1), index)
+    assert torch.equal(params, torch.full((2, 1), -1.0))
+    params[0, 0] = 3.4e38
+    opt.apply_gathered(params, torch.tensor([[-1e36]]), index)  # 3.4e38 + 1e36 overflows
+    assert torch.isfinite(params).all()
+    assert opt.skipped == 1 and float(params[0, 0]) == pytest.approx(3.4e38, rel=1e-6)
+    assert float(params[1, 0]) == pytest.approx(1e36, rel=1e-6)
 
 
 def test_deliver_into_a_reused_buffer_equals_a_fresh_copy():
