@@ -116,7 +116,8 @@ def threshold_clustering(
     if z.shape[0] != v0.shape[0]:
         raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {v0.shape[0]}")
     live = admissible_points(v0)  # [B, K]
-    start = torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
+    all_live = bool(live.all())
+    start = v0 if all_live else torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
     # The gram evaluation reads the points once for their norms and their products
     # with the initial centres (inadmissible rows' products are never used).
     norms, products = _norms_and_products(z, start) if method == "gram" else (squared_norms(z), None)
@@ -131,10 +132,10 @@ def threshold_clustering(
     else:
         result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final, live)
     distances = result.distances
-    if distances is not None and not bool(live.all()):
+    if distances is not None and not all_live:
         distances = torch.where(live.unsqueeze(-1), distances, math.inf)
     result = ClusteringResult(
-        torch.where(live.unsqueeze(-1), result.centres, v0),
+        result.centres if all_live else torch.where(live.unsqueeze(-1), result.centres, v0),
         result.inside & live.unsqueeze(-1),
         result.radius,
         distances if final_distances else None,
@@ -206,6 +207,7 @@ def _run_direct(
     final: str | None,
 ) -> ClusteringResult:
     """Eq. 24 from coordinates; ``final`` (any value) adds the final distances."""
+    v = v.clone()  # the returned centres never alias the caller's (rounds = 0)
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
@@ -344,9 +346,10 @@ class _CentreDots:
         self.centres = v0.clone()
         self.x_dots = products
         self.b_dots = torch.zeros_like(self.x_dots)
-        self.ball = torch.zeros_like(v0)  # b + pending: the ball sum
-        self.pending = torch.zeros_like(v0)  # changes of the ball sum since b
-        self.rho = torch.zeros_like(v0)
+        # [B, K, d] working vectors that never leave the call: reused scratch
+        self.ball = _scratch("ball", v0.shape, v0).zero_()  # b + pending: the ball sum
+        self.pending = _scratch("pending", v0.shape, v0).zero_()  # changes of the ball sum since b
+        self.rho = _scratch("rho", v0.shape, v0).zero_()
         self.sigma, self.t = z.new_ones(batch, k), z.new_zeros(batch, k)
         self.exact = True  # rho == 0
         # rho = gamma * pending while at most one ball change happened since the last
@@ -398,7 +401,7 @@ class _CentreDots:
         if self.read is not None:
             earlier, alpha, rows, products = self.read
             if self._delta is None:
-                self._delta = torch.empty_like(self.rho)
+                self._delta = _scratch("delta", self.rho.shape, self.rho)
             delta = torch.addcmul(self.rho, earlier, -alpha.unsqueeze(-1), out=self._delta)
             picked = rows.unsqueeze(1)
             free = torch.where(picked, known - 2 * alpha.unsqueeze(-1) * products, known)
@@ -432,7 +435,7 @@ class _CentreDots:
                     return approximate
                 products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
                 if self._earlier is None:
-                    self._earlier = torch.empty_like(self.rho)
+                    self._earlier = _scratch("earlier", self.rho.shape, self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
                 exact = self._finish(self._known(centre_norms) - 2 * products)
                 return torch.where(rows.unsqueeze(1), exact, approximate)
@@ -485,18 +488,24 @@ class _CentreDots:
             self.read = (earlier, alpha * keep, rows, products)
 
 
-# One gather buffer per thread, dtype and device, kept between calls: a fresh ~8 MB
-# buffer page-faults on every call (measured 1.6 ms against 0.14 ms for 12 rows).
-_GATHER_BUFFERS: dict[tuple, Tensor] = {}
+# Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
+# multi-MB tensor page-faults on every call (an ~8 MB gather buffer measured 1.6 ms
+# against 0.14 ms for 12 rows; four [1, 4, 159,010] working vectors of MC's
+# clustering about 2 ms a call).  Only tensors that never leave a call live here.
+_SCRATCH = threading.local()
 
 
-def _gather_buffer(rows: int, dim: int, like: Tensor) -> Tensor:
-    key = (threading.get_ident(), like.dtype, like.device)
-    buffer = _GATHER_BUFFERS.get(key)
-    if buffer is None or buffer.numel() < rows * dim:
-        buffer = like.new_empty(rows * dim)
-        _GATHER_BUFFERS[key] = buffer
-    return buffer[: rows * dim].view(rows, dim)
+def _scratch(role: str, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
+    """An uninitialised ``shape`` tensor of ``like``'s dtype and device, the same
+    memory on every call with this ``role`` in this thread."""
+    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
+    key = (role, like.dtype, like.device)
+    size = math.prod(shape)
+    buffer = buffers.get(key)
+    if buffer is None or buffer.numel() < size:
+        buffer = like.new_empty(size)
+        buffers[key] = buffer
+    return buffer[:size].view(shape)
 
 
 def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
@@ -525,7 +534,7 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     flat = z.reshape(batch * n, dim)
     columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
     block = max(1, _BLOCK_BYTES // (dim * z.element_size()))
-    buffer = _gather_buffer(min(block, pairs.shape[0]), dim, z)
+    buffer = _scratch("gather", (min(block, pairs.shape[0]), dim), z)
     offsets = torch.arange(k, device=z.device)
     bounds = problem.tolist()
     for start in range(0, pairs.shape[0], block):

@@ -571,6 +571,23 @@ def test_zero_rounds_returns_initial_centres(seed, n, d, k, method):
     assert not result.inside.any()
 
 
+@FAST
+@given(**BATCHED_PROBLEMS, k=st.integers(1, 3), rounds=st.integers(0, 4), method=st.sampled_from(["direct", "gram"]))
+def test_results_share_no_memory_with_inputs_or_later_calls(seed, b, n, d, k, rounds, method):
+    """The returned centres are new tensors: writing to them leaves the caller's
+    centres alone, and a later call (which reuses the engine's scratch memory) leaves
+    an earlier result unchanged."""
+    first, second = (stacked([random_problem(seed + i * b + j, n, d, k) for j in range(b)]) for i in (0, 1))
+    kept_centres = first[1].clone()
+    result = threshold_clustering(*first, 2.0, rounds=rounds, method=method, final_distances=True)
+    snapshot = {name: value.clone() for name, value in vars(result).items() if value is not None}
+    threshold_clustering(*second, 2.0, rounds=rounds, method=method, final_distances=True)
+    for name, value in snapshot.items():
+        assert torch.equal(getattr(result, name), value), name
+    result.centres.add_(1.0)
+    assert torch.equal(first[1], kept_centres)
+
+
 BAD_ROWS = {
     torch.float64: [math.nan, math.inf, -math.inf, 1e300],
     torch.float32: [math.nan, math.inf, -math.inf, 1e38],
