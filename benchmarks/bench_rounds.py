@@ -429,23 +429,6 @@ def single_thread_kernel(
         torch.set_num_threads(threads)
 
 
-def _replay_full_step_tail(algorithm: Any, fed: Federation) -> None:
-    """After a sampled FC round, replay the tail of a full one so that the peak memory
-    includes it: ``FederatedClustering.step`` ends with ``updates``/``own`` ``[N, d]``
-    alive and ``optimizer.apply`` on all honest rows (whose transients grow with the
-    number of receivers; measured +0.45 GiB at the Fig. 6 scale).  A zero update
-    leaves the models unchanged."""
-    optimizer = getattr(algorithm, "optimizer", None)
-    if optimizer is None:
-        return
-    models = algorithm.client_models()
-    honest = (~fed.byzantine).nonzero().squeeze(-1)
-    updates = torch.zeros_like(models)
-    own = torch.zeros_like(models)
-    optimizer.apply(models, updates[honest], rows=honest)
-    del updates, own
-
-
 def _extrapolate_fc(meter: GradientMeter, start: float, end: float, total: int) -> dict[str, float]:
     """A full round from a sampled one.  A chunk's span runs from its
     ``cross_gradients`` call to the next one (the last span also holds the optimiser
@@ -504,8 +487,8 @@ def worker_fc(spec: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     algorithm.step(0)
     end = time.perf_counter()
-    if meter.receivers < honest_total:
-        _replay_full_step_tail(algorithm, fed)
+    # A sampled round ends as a full one does: the optimiser steps the whole [N, d]
+    # tensor (FederatedClustering.step), so its peak memory is the full round's.
     peak = peak_rss_gib()
     roof.probe(2)
     round_gemm = roof.since(first)

@@ -85,6 +85,9 @@ class FederatedClustering(Algorithm):
         self.policy = params.radius_policy()
         self._groups_rng = federation.rng("fc-groups")
         self._buffer: Tensor | None = None
+        # [N, d] own gradients and updates, reused every round (fresh ones page-fault)
+        self._own = torch.zeros_like(self.models)
+        self._updates = torch.zeros_like(self.models)
 
     def _cluster(self, messages: Tensor, centres: Tensor) -> ClusteringResult:
         """Alg. 3 on ``messages[M, S, d]`` from ``centres[M, 1, d]``."""
@@ -108,8 +111,7 @@ class FederatedClustering(Algorithm):
         fed = self.federation
         batch = fed.sample_batch()
         d = self.models.shape[1]
-        updates = torch.zeros_like(self.models)
-        own = torch.zeros_like(self.models)
+        updates, own = self._updates.zero_(), self._own.zero_()
         row_bytes = 2 * d * self.models.element_size()
         for members in self._subgroups():
             # Honest senders first: when the attack overwrites the Byzantine rows unread,
@@ -142,9 +144,11 @@ class FederatedClustering(Algorithm):
                     inplace=True,
                 )
                 updates[clients] = self._cluster(received, centres).centres[:, 0]
-        honest = fed.honest.nonzero().squeeze(-1)
-        self.optimizer.apply(self.models, updates[honest], rows=honest)
-        return RoundRecord(round_index, gradients=own, updates=updates)
+        # Every row is stepped: a row that received nothing (a Byzantine client's, whose
+        # model is never read) has a zero update and keeps its parameters exactly; the
+        # whole-tensor step reuses its scratch instead of gathering the honest rows.
+        self.optimizer.apply(self.models, updates)
+        return RoundRecord(round_index, gradients=self.kept(own), updates=self.kept(updates))
 
     def client_models(self) -> Tensor:
         return self.models
