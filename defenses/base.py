@@ -13,6 +13,8 @@ the field's name), then stepped round by round::
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, ClassVar, Mapping
 
 import torch
@@ -124,7 +126,7 @@ class HeavyBall:
         nothing else wrote to ``params``.  Otherwise this is :meth:`apply`."""
         updates = None if out is None else torch.index_select(source, 0, index, out=out)
         if self.momentum == 0 and bool(_finite_rows(source).all()) and params.numel():
-            largest = self._largest(params) + self.lr * float(source.abs().max())
+            largest = self._largest(params) + self.lr * float(torch.linalg.vector_norm(source, ord=math.inf))
             if params.shape[-1] * largest < 0.5 * torch.finfo(params.dtype).max:  # NaN fails too
                 _subtract_rows(params, source, index, self.lr)
                 eps = torch.finfo(params.dtype).eps

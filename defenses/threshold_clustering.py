@@ -452,7 +452,8 @@ class _CentreDots:
             pending = torch.bmm(self.z, self.pending.transpose(1, 2)).transpose(1, 2)  # [B, K, N]
             residual = self.gamma.unsqueeze(-1) * pending
         else:
-            vectors = torch.cat([self.rho, self.pending], dim=1)  # [B, 2K, d]
+            pair = _scratch("pair", (self.rho.shape[0], 2 * k, self.rho.shape[-1]), self.rho)
+            vectors = torch.cat([self.rho, self.pending], dim=1, out=pair)  # [B, 2K, d]
             products = torch.bmm(self.z, vectors.transpose(1, 2)).transpose(1, 2)  # [B, 2K, N]
             residual, pending = products[:, :k], products[:, k:]
         sigma, t = self.sigma.unsqueeze(-1), self.t.unsqueeze(-1)
