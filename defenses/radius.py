@@ -125,16 +125,21 @@ class QuantileRadius:
         membership."""
         position = self.q * (lower.shape[-1] - 1)
         low_rank, high_rank = math.floor(position), math.ceil(position)
-        rank_low = lower.sort(dim=-1).values[..., low_rank]
-        rank_high = upper.sort(dim=-1).values[..., high_rank]
-        at_ranks = _meets(lower, upper, rank_low, rank_high)
-        return at_ranks | _meets(lower, upper, self(lower, 0), self(upper, 0))
+        ordered_lower, ordered_upper = lower.sort(dim=-1).values, upper.sort(dim=-1).values
+        at_ranks = _meets(lower, upper, ordered_lower[..., low_rank], ordered_upper[..., high_rank])
+        radius_lower = self.factor * _quantile_of_sorted(ordered_lower, self.q)
+        radius_upper = self.factor * _quantile_of_sorted(ordered_upper, self.q)
+        return at_ranks | _meets(lower, upper, radius_lower, radius_upper)
 
 
 def quantile_with_inf(values: Tensor, q: float) -> Tensor:
     """q-quantile over the last dimension, linear interpolation, ``inf``-safe."""
-    ordered = values.sort(dim=-1).values
-    position = q * (values.shape[-1] - 1)
+    return _quantile_of_sorted(values.sort(dim=-1).values, q)
+
+
+def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
+    """:func:`quantile_with_inf` of values already sorted along the last dimension."""
+    position = q * (ordered.shape[-1] - 1)
     lo, hi = math.floor(position), math.ceil(position)
     low, high = ordered[..., lo], ordered[..., hi]
     frac = position - lo

@@ -256,15 +256,18 @@ def _run_gram(
     dots = _CentreDots(z, norms, admissible, v0, products)
     inside = torch.zeros(z.shape[0], k, z.shape[1], dtype=torch.bool, device=z.device)
     tau = z.new_zeros(z.shape[0], k)
-    unresolved = False
+    seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, ||v||^2
     for round_index in range(rounds):
         distances = dots.distances(getattr(policy, "undecided", None))
         tau = policy(distances, round_index)
         entered = _inside(distances, tau, policy.strict)
-        unresolved = unresolved or _decided_by_rounding(dots, distances, tau)
-        change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
+        seen.append((distances, tau, dots.centre_norms()))
+        change = None
+        if bool((entered ^ inside).any()):
+            change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
-        dots.step(change if bool(change.any()) else None, inside.sum(-1).to(z.dtype))
+        dots.step(change, inside.sum(-1).to(z.dtype))
+    unresolved = bool(seen) and _decided_by_rounding(dots, *(torch.stack(values) for values in zip(*seen)))
     distances = None
     if final == "exact":
         distances = dots.distances(None)
@@ -288,14 +291,15 @@ def _run_gram(
 _RESOLVABLE = 1e-2
 
 
-def _decided_by_rounding(dots: "_CentreDots", distances: Tensor, tau: Tensor) -> bool:
-    """Whether some ball has two or more points within their rounding slack of its
-    radius, each with a slack above ``_RESOLVABLE`` of its squared distance: their
-    order, hence their memberships, is then rounding, where the direct evaluation
-    would resolve it.  (One such point alone is usually the point the quantile radius
-    is read from, e.g. a single point sitting on its centre.)"""
+def _decided_by_rounding(dots: "_CentreDots", distances: Tensor, tau: Tensor, centre_norms: Tensor) -> bool:
+    """Whether, in some round, some ball had two or more points within their rounding
+    slack of its radius, each with a slack above ``_RESOLVABLE`` of its squared
+    distance: their order, hence their memberships, was then rounding, where the
+    direct evaluation would resolve it.  (One such point alone is usually the point the
+    quantile radius is read from, e.g. a single point sitting on its centre.)  All
+    rounds at once: ``distances[R, B, K, N]``, ``tau`` and ``centre_norms[R, B, K]``."""
     squared = distances.square()
-    slack = dots.slack()
+    slack = dots.slack(centre_norms)
     near = (squared - tau.unsqueeze(-1).square()).abs() <= slack
     unresolved = near & (slack > _RESOLVABLE * squared) & torch.isfinite(squared)
     return bool((unresolved.sum(-1) >= 2).any())
@@ -377,9 +381,11 @@ class _CentreDots:
             self._centre_norms = _rowdot(self.centres, self.centres)
         return self._centre_norms
 
-    def slack(self) -> Tensor:
-        """Rounding slack of every squared distance to the current centres, ``[B, K, N]``."""
-        return self._slack_scale * (self.norms.unsqueeze(1) + self.centre_norms().unsqueeze(-1))
+    def slack(self, centre_norms: Tensor | None = None) -> Tensor:
+        """Rounding slack of every squared distance to the current centres, ``[B, K, N]``
+        (to centres with the given ``||v||^2 [..., B, K]`` instead, ``[..., B, K, N]``)."""
+        norms = self.centre_norms() if centre_norms is None else centre_norms
+        return self._slack_scale * (self.norms.unsqueeze(1) + norms.unsqueeze(-1))
 
     def _bounds(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``(lower, upper, estimate, settled)``, each ``[B, K, N]``: ``lower <=
