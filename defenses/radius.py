@@ -145,8 +145,9 @@ def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
     frac = position - lo
     if frac == 0 or lo == hi:
         return low
-    gap = torch.where(torch.isfinite(high), high - low, torch.full_like(high, math.inf))
-    return torch.where(torch.isfinite(low), low + frac * gap, low)
+    # sorted, so ``high`` is infinite whenever ``low`` is: where ``low`` is finite,
+    # ``high - low`` is exact or +-inf, and elsewhere ``low`` itself is the answer
+    return torch.where(torch.isfinite(low), low + frac * (high - low), low)
 
 
 @dataclass(frozen=True)
