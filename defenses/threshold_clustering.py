@@ -192,10 +192,10 @@ def _nearest_undecided(live: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
     return candidate & (candidate.sum(dim=-2, keepdim=True) >= 2)
 
 
-def _mask_distances(distances: Tensor, admissible: Tensor) -> Tensor:
-    inf = torch.full_like(distances, math.inf)
-    bad = ~admissible.unsqueeze(-2) | torch.isnan(distances)
-    return torch.where(bad, inf, distances)
+def _mask_distances(distances: Tensor, excluded: Tensor) -> Tensor:
+    """``inf`` for NaN distances and for the points in ``excluded`` (``[..., 1, N]``,
+    the inadmissible ones: ``~admissible.unsqueeze(-2)``)."""
+    return distances.masked_fill(excluded | torch.isnan(distances), math.inf)
 
 
 def _run_direct(
@@ -223,7 +223,7 @@ def _run_direct(
 
 def _direct_distances(v: Tensor, z: Tensor, admissible: Tensor) -> Tensor:
     distances = torch.cdist(v, z, compute_mode="donot_use_mm_for_euclid_dist")
-    return _mask_distances(distances, admissible)
+    return _mask_distances(distances, ~admissible.unsqueeze(-2))
 
 
 def _run_gram(
@@ -346,6 +346,7 @@ class _CentreDots:
         batch, n, _ = z.shape
         k = v0.shape[1]
         self.z, self.norms, self.admissible, self.n = z, norms, admissible, n
+        self.excluded = ~admissible.unsqueeze(1)  # [B, 1, N]: inadmissible points
         self.lengths = norms.sqrt()  # ||z_j||
         self.centres = v0.clone()
         self.x_dots = products
@@ -373,7 +374,7 @@ class _CentreDots:
         return self.norms.unsqueeze(1) - 2 * known + centre_norms.unsqueeze(-1)
 
     def _finish(self, squared: Tensor) -> Tensor:
-        return _mask_distances(squared.clamp_min(0).sqrt(), self.admissible)
+        return _mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
 
     def centre_norms(self) -> Tensor:
         """``||v_k||^2`` of the current centres, ``[B, K]``; computed once per round."""
@@ -422,7 +423,7 @@ class _CentreDots:
         estimate = self._finish(torch.minimum(free.clamp_min(low), high))
         lower = ((low - slack).clamp_min(0)).sqrt()
         upper = (high + slack).clamp_min(0).sqrt()
-        return _mask_distances(lower, self.admissible), _mask_distances(upper, self.admissible), estimate, settled
+        return _mask_distances(lower, self.excluded), _mask_distances(upper, self.excluded), estimate, settled
 
     def distances(self, undecided: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
         """Distances to the current centres, ``[B, K, N]``: exact (or settled: exact to
