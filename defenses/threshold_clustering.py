@@ -168,10 +168,11 @@ def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
     products = z.new_empty(batch, n, centres.shape[1])
     for b in range(batch):
         transposed = centres[b].transpose(0, 1)
-        for start in range(0, n, rows):
-            block = z[b, start : start + rows]
-            norms[b, start : start + rows] = squared_norms(block)
-            torch.mm(block, transposed, out=products[b, start : start + rows])
+        # views made once per problem: the per-block work is one self-dot and one product
+        for block, norm, product in zip(z[b].split(rows), norms[b].split(rows), products[b].split(rows)):
+            row = block.unsqueeze(1)  # as in squared_norms (same layout, same rounding)
+            torch.bmm(row, row.transpose(1, 2), out=norm.view(-1, 1, 1))
+            torch.mm(block, transposed, out=product)
     return norms, products.transpose(1, 2)
 
 
@@ -539,19 +540,26 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     if pairs.shape[0] == 0:
         return out
     problem, row = pairs[:, 0], pairs[:, 1]
+    count = pairs.shape[0]
     flat = z.reshape(batch * n, dim)
+    flat_index = problem * n + row
     columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
     block = max(1, _BLOCK_BYTES // (dim * z.element_size()))
-    buffer = _scratch("gather", (min(block, pairs.shape[0]), dim), z)
-    offsets = torch.arange(k, device=z.device)
-    bounds = problem.tolist()
-    for start in range(0, pairs.shape[0], block):
-        stop = min(start + block, pairs.shape[0])
+    buffer = _scratch("gather", (min(block, count), dim), z)
+    picked = z.new_empty(count, k)  # <z_j, vectors_k> of every chosen row
+    if batch > 1:
+        local = problem.unsqueeze(1) * k + torch.arange(k, device=z.device)  # its columns
+        bounds = problem.tolist()
+    for start in range(0, count, block):
+        stop = min(start + block, count)
+        gathered = torch.index_select(flat, 0, flat_index[start:stop], out=buffer[: stop - start])
+        if batch == 1:
+            torch.mm(gathered, columns, out=picked[start:stop])
+            continue
         first, last = bounds[start], bounds[stop - 1]
-        gathered = torch.index_select(flat, 0, problem[start:stop] * n + row[start:stop], out=buffer[: stop - start])
         products = gathered @ columns[:, first * k : (last + 1) * k]  # [p, K x problems spanned]
-        picked = products.gather(1, (problem[start:stop, None] - first) * k + offsets)  # [p, K]
-        out[problem[start:stop], :, row[start:stop]] = picked
+        torch.gather(products, 1, local[start:stop] - first * k, out=picked[start:stop])
+    out[problem, :, row] = picked
     return out
 
 
