@@ -367,12 +367,16 @@ class _CentreDots:
         self._earlier: Tensor | None = None
         self._delta: Tensor | None = None
         self._centre_norms: Tensor | None = None
+        self._known_now: Tensor | None = None
         self._slack_scale = _ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
 
-    def _known(self, centre_norms: Tensor) -> Tensor:
-        """``||z_j||^2 - 2 sigma <z_j, x> - 2 t <z_j, b> + ||v||^2``, ``[B, K, N]``."""
-        known = self.x_dots * self.sigma.unsqueeze(-1) + self.b_dots * self.t.unsqueeze(-1)
-        return self.norms.unsqueeze(1) - 2 * known + centre_norms.unsqueeze(-1)
+    def _known(self) -> Tensor:
+        """``||z_j||^2 - 2 sigma <z_j, x> - 2 t <z_j, b> + ||v||^2``, ``[B, K, N]``;
+        computed once per round (``step`` and ``full_product`` change it)."""
+        if self._known_now is None:
+            known = self.x_dots * self.sigma.unsqueeze(-1) + self.b_dots * self.t.unsqueeze(-1)
+            self._known_now = self.norms.unsqueeze(1) - 2 * known + self.centre_norms().unsqueeze(-1)
+        return self._known_now
 
     def _finish(self, squared: Tensor) -> Tensor:
         return _mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
@@ -402,7 +406,7 @@ class _CentreDots:
         within their rounding slack: an inner product would not resolve them further,
         so ``estimate`` (the squared distance without the unknown term, clamped into
         the interval) serves as their computed value and they are never read."""
-        known = self._known(self.centre_norms())
+        known = self._known()
         radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
         free = known  # the squared distance without -2 <z_j, delta_j>
         centre_dot = _rowdot(self.centres, self.rho).unsqueeze(-1)  # <v, delta_j>
@@ -431,7 +435,6 @@ class _CentreDots:
         rounding, see :meth:`_bounds`) for every point the policy's ``undecided`` asks
         for (all points when it is ``None``); for the others the lower end of an
         interval that decides their membership the same way."""
-        centre_norms = self.centre_norms()
         if not self.exact and undecided is not None:
             lower, upper, estimate, settled = self._bounds()
             wanted = undecided(lower, upper) & self.admissible.unsqueeze(1)
@@ -445,11 +448,11 @@ class _CentreDots:
                 if self._earlier is None:
                     self._earlier = _scratch("earlier", self.rho.shape, self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
-                exact = self._finish(self._known(centre_norms) - 2 * products)
+                exact = self._finish(self._known() - 2 * products)
                 return torch.where(rows.unsqueeze(1), exact, approximate)
         if not self.exact:
             self.full_product()
-        return self._finish(self._known(centre_norms))
+        return self._finish(self._known())
 
     def full_product(self) -> None:
         """Products of every point with ``rho`` and the pending ball change; then
@@ -472,6 +475,7 @@ class _CentreDots:
         self.gamma = torch.zeros_like(self.sigma)
         self.read = None
         self.sigma, self.t = torch.ones_like(self.sigma), torch.zeros_like(self.t)
+        self._known_now = None
         self.exact = True
 
     def step(self, change: Tensor | None, inside_counts: Tensor) -> None:
@@ -485,7 +489,7 @@ class _CentreDots:
                 self.gamma = None  # rho holds an earlier pending: no longer a multiple
         keep = 1 - inside_counts / self.n  # a_l, [B, K]
         self.centres.mul_(keep.unsqueeze(-1)).add_(self.ball, alpha=1.0 / self.n)
-        self._centre_norms = None
+        self._centre_norms = self._known_now = None
         self.sigma, self.t = keep * self.sigma, keep * self.t + 1.0 / self.n
         if not self.exact or change is not None:
             self.rho.mul_(keep.unsqueeze(-1)).add_(self.pending, alpha=1.0 / self.n)
