@@ -504,7 +504,8 @@ class _CentreDots:
 # Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
 # multi-MB tensor page-faults on every call (an ~8 MB gather buffer measured 1.6 ms
 # against 0.14 ms for 12 rows; four [1, 4, 159,010] working vectors of MC's
-# clustering about 2 ms a call).  Only tensors that never leave a call live here.
+# clustering about 2 ms a call).  Only tensors that never leave a call live here, and
+# no call runs inside another in the same thread (radius policies never cluster).
 _SCRATCH = threading.local()
 
 
