@@ -4,13 +4,16 @@ per-client-loop reference and against this machine's own matmul throughput.
 
 Run from the repository root::
 
-    python benchmarks/bench_rounds.py            # N = 64 and the Fig. 6 scale (~7 min)
+    python benchmarks/bench_rounds.py            # N = 64 and the Fig. 6 scale (~12 min)
     python benchmarks/bench_rounds.py --quick    # N = 64 only (< 2 min)
 
 It prints a table and writes ``benchmarks/results.json``.  Every configuration runs in
 its own subprocess, so its peak resident memory (``VmHWM``) is that configuration's
 alone; the matmul roofline and the loop reference are measured inside that same
-process, and every figure reported is a ratio of two measurements taken there.  See
+process, and every figure reported is a ratio of two measurements taken there.  By
+default each configuration runs twice: with glibc's default allocator, and with its
+thresholds fixed so that fresh large tensors never fault in pages (``nofault``: the
+loop reference's clustering makes several such tensors per round).  See
 ``benchmarks/README.md`` for the method (FLOP counting, sampling, extrapolation).
 
 Workload: the MLP 784-200-10 (``DenseNetwork(784, 10, (200,), "cross_entropy")``,
@@ -675,6 +678,13 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
 FIXED_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "2147483647", "MALLOC_TRIM_THRESHOLD_": "4294967295"}
 
 
+# What a row keeps of its fault-free (``--malloc fixed``) twin.
+FAULT_FREE_KEYS = (
+    "seconds_per_round", "round_times", "loop_seconds_per_round", "loop_round_times",
+    "speedup_vs_loop", "peak_rss_gib", "load_before", "load_after", "wall_seconds",
+)
+
+
 def launch(spec: dict[str, Any], malloc: str = "default") -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
     env = {**os.environ, **(FIXED_MALLOC if malloc == "fixed" else {})}
@@ -702,7 +712,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     header = (
         f"{'scale':5} {'alg':3} {'method':6} {'budget':>6} {'M':>3} {'s/round':>8} {'grad s':>7} "
         f"{'grad%':>5} {'GF/s':>6} {'gemm':>6} {'roof%':>5} {'sweep%':>6} {'1thr%':>5} "
-        f"{'peakGiB':>7} {'loop s':>8} {'speedup':>7}  targets"
+        f"{'peakGiB':>7} {'loop s':>8} {'speedup':>7} {'nofault':>7}  targets"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -711,6 +721,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         one = res.get("one_thread_roofline_fraction")
         flags = " ".join(f"{k}:{'yes' if v else 'NO'}" for k, v in row["verdicts"].items())
         extra = "*" if res.get("extrapolated") else " "
+        fault_free = row.get("fault_free")
+        nofault = "" if fault_free is None else f"{fault_free['speedup_vs_loop']:.1f}x"
         lines.append(
             f"{spec['scale']:5} {spec['algorithm']:3} {spec['method']:6} "
             f"{spec.get('budget_mb', '-'):>6} {res.get('models_per_chunk', '-'):>3} "
@@ -719,7 +731,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             f"{res['round_gemm_gflops']:>6.1f} {100 * res['round_roofline_fraction']:>5.1f} "
             f"{'' if sweep is None else f'{100 * sweep:.1f}':>6} {'' if one is None else f'{100 * one:.1f}':>5} "
             f"{res['peak_rss_gib']:>7.2f} {res['loop_seconds_per_round']:>8.1f} "
-            f"{res['speedup_vs_loop']:>6.1f}x  {flags}"
+            f"{res['speedup_vs_loop']:>6.1f}x {nofault:>7}  {flags}"
         )
     return "\n".join(lines)
 
@@ -734,7 +746,10 @@ s/round: library seconds per round (* = FC timed on a sample of receivers with a
   cross_gradients over all receiver chunks of a Fig.-6/N=64 round (GEMM probes
   interleaved); 1thr%: one chunk vs GEMM, both on one thread; peakGiB: VmHWM of the
   configuration's own process; loop s: plain per-client-loop reference per round
-  (FC: timed on a few receivers, extrapolated); speedup: loop s / s/round."""
+  (FC: timed on a few receivers, extrapolated); speedup: loop s / s/round; nofault:
+  the same speedup in a second process with glibc's thresholds fixed, where fresh
+  large tensors never fault in pages (the loop's clustering makes several per round;
+  targets are read from the default-allocator speedup)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -752,9 +767,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: n64 with --quick, else both")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the workers (0: torch's default)")
     parser.add_argument(
-        "--malloc", choices=["default", "fixed"], default="default",
+        "--malloc", choices=["both", "default", "fixed"], default="both",
         help="fixed: run the workers with glibc's MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ "
-        "set high, so that fresh large tensors never fault in new pages (see FIXED_MALLOC)",
+        "set high, so that fresh large tensors never fault in new pages (see FIXED_MALLOC); "
+        "both (default): every configuration with the default allocator, then again fixed",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -774,10 +790,16 @@ def main(argv: list[str] | None = None) -> int:
         spec["threads"] = args.threads
         label = f"{spec['scale']} {spec['algorithm']} {spec['method']} {spec.get('budget_mb', '')}".strip()
         print(f"running {label} ...", flush=True)
-        result = launch(spec, args.malloc)
-        rows.append({"spec": spec, "result": result, "verdicts": verdicts(spec, result)})
+        result = launch(spec, "default" if args.malloc == "both" else args.malloc)
+        row = {"spec": spec, "result": result, "verdicts": verdicts(spec, result)}
         print(f"  {result['seconds_per_round']:.2f} s/round, speedup {result['speedup_vs_loop']:.1f}x, "
               f"peak {result['peak_rss_gib']:.2f} GiB ({result['wall_seconds']:.0f} s)", flush=True)
+        if args.malloc == "both":  # the same pairs without page faults (no sweeps: they do not change)
+            fixed = launch({**spec, "sweep": False}, "fixed")
+            row["fault_free"] = {key: fixed[key] for key in FAULT_FREE_KEYS if key in fixed}
+            print(f"  without page faults: {fixed['seconds_per_round']:.2f} s/round, loop "
+                  f"{fixed['loop_seconds_per_round']:.2f} s, speedup {fixed['speedup_vs_loop']:.1f}x", flush=True)
+        rows.append(row)
     table = format_table(rows)
     print()
     print(table)
