@@ -154,9 +154,8 @@ def _part_seeds(block: Tensor, generator: torch.Generator) -> list[int] | None:
     """The seeds of ``block``'s parts, drawn from ``generator``; ``None`` when the block
     is drawn from ``generator`` itself (small, not contiguous, or not on the CPU)."""
     values = block.numel()
-    if values <= _PART_VALUES or block.device.type != "cpu" or block.device != generator.device:
-        return None
-    if not block.is_contiguous():
+    on_cpu = block.device.type == "cpu" and block.device == generator.device
+    if values <= _PART_VALUES or not on_cpu or not block.is_contiguous():
         return None
     return torch.randint(0, 2**62, (math.ceil(values / _PART_VALUES),), generator=generator).tolist()
 

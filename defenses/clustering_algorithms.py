@@ -55,11 +55,11 @@ class ClusteringParams(AlgorithmParams):
 class FederatedClusteringParams(ClusteringParams):
     groups: int = Field(1, ge=1, description="random subgroups per round (paper's MNIST: 16)")
     # 1024 MB: three receivers per chunk at the Fig. 6 scale, whose clustering then
-    # shares its per-call costs; in the four two-thread benchmark runs of
-    # benchmarks/README.md its rounds took 21.2 / 21.0 / 25.0 / 25.1 s against 21.5 /
-    # 24.4 / 29.8 / 21.4 s at 512 MB (one thread: 36.4 against 34.1 s), its paired
-    # speedups were higher in all five runs, for 0.3 GiB more.  Results do not depend
-    # on it.
+    # shares its per-call costs; in the five two-thread benchmark runs of
+    # benchmarks/README.md that timed both, its rounds took 21.2 / 21.0 / 25.0 / 25.1 /
+    # 26.5 s against 21.5 / 24.4 / 29.8 / 21.4 / 30.0 s at 512 MB (one thread: 36.4
+    # against 34.1 s), its paired speedups were higher in all six runs, for 0.3 GiB
+    # more.  Results do not depend on it.
     memory_budget_mb: int = Field(1024, ge=1, description="working-set bound for cross gradients")
 
 
