@@ -497,6 +497,7 @@ def worker_fc(spec: dict[str, Any]) -> dict[str, Any]:
     round_gemm = roof.since(first)
     estimate = _extrapolate_fc(meter, start, end, honest_total)
     result: dict[str, Any] = {
+        "method_used": resolved_method(algorithm, fed),
         "receivers_timed": meter.receivers,
         "receivers_total": honest_total,
         "extrapolated": meter.receivers < honest_total,
@@ -608,6 +609,7 @@ def worker_mc(spec: dict[str, Any]) -> dict[str, Any]:
     gemm = roof.since(first)
     grad_rate = sum(flops) / sum(grads)
     return {
+        "method_used": resolved_method(algorithm, fed),
         "rounds_timed": spec["rounds"],
         **paired,
         "gradient_seconds_per_round": statistics.median(grads),
@@ -708,9 +710,20 @@ def verdicts(spec: dict[str, Any], result: dict[str, Any]) -> dict[str, bool]:
     return out
 
 
+def method_label(spec: dict[str, Any], result: dict[str, Any]) -> str:
+    """The configured evaluation, with what ``auto`` resolved to."""
+    used = result.get("method_used", spec["method"])
+    return spec["method"] if used == spec["method"] else f"{spec['method']}:{used}"
+
+
+def resolved_method(algorithm: Any, fed: Federation) -> str:
+    """The evaluation ``algorithm`` uses on this federation's messages (one group)."""
+    return algorithm.params.distance_method(torch.empty(fed.clients, fed.objective.dim, device="meta"))
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'scale':5} {'alg':3} {'method':6} {'budget':>6} {'M':>3} {'s/round':>8} {'grad s':>7} "
+        f"{'scale':5} {'alg':3} {'method':14} {'budget':>6} {'M':>3} {'s/round':>8} {'grad s':>7} "
         f"{'grad%':>5} {'GF/s':>6} {'gemm':>6} {'roof%':>5} {'sweep%':>6} {'1thr%':>5} "
         f"{'peakGiB':>7} {'loop s':>8} {'speedup':>7} {'nofault':>7}  targets"
     )
@@ -724,7 +737,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         fault_free = row.get("fault_free")
         nofault = "" if fault_free is None else f"{fault_free['speedup_vs_loop']:.1f}x"
         lines.append(
-            f"{spec['scale']:5} {spec['algorithm']:3} {spec['method']:6} "
+            f"{spec['scale']:5} {spec['algorithm']:3} {method_label(spec, res):14} "
             f"{spec.get('budget_mb', '-'):>6} {res.get('models_per_chunk', '-'):>3} "
             f"{res['seconds_per_round']:>7.2f}{extra} {res['gradient_seconds_per_round']:>7.2f} "
             f"{100 * res['gradient_share']:>5.1f} {res['gradient_gflops']:>6.1f} "
@@ -761,7 +774,11 @@ def main(argv: list[str] | None = None) -> int:
         "(default: 26 at N = 64, 12 at the Fig. 6 scale; 0: full rounds)",
     )
     parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024], help="FC memory_budget_mb values (1024 is the library default)")
-    parser.add_argument("--methods", nargs="+", default=["gram", "direct"], choices=["gram", "direct"])
+    parser.add_argument(
+        "--methods", nargs="+", default=["auto", "direct"], choices=["auto", "pairwise", "gram", "direct"],
+        help="Threshold-Clustering evaluations (auto, the library default, resolves to "
+        "pairwise at N = 64 and gram at the Fig. 6 scale)",
+    )
     parser.add_argument("--algorithms", nargs="+", default=["fc", "mc"], choices=["fc", "mc"])
     parser.add_argument("--scales", nargs="+", default=None, choices=["n64", "fig6"],
                         help="default: n64 with --quick, else both")
@@ -810,10 +827,10 @@ def main(argv: list[str] | None = None) -> int:
         for budget in sorted({r["spec"]["budget_mb"] for r in fc}):
             pair = {r["spec"]["method"]: r["result"]["seconds_per_round"] for r in fc
                     if r["spec"]["scale"] == scale and r["spec"]["budget_mb"] == budget}
-            if len(pair) == 2:
-                faster = min(pair, key=pair.get)
-                other = max(pair, key=pair.get)
-                print(f"FC {scale} budget {budget} MB: {faster} is {pair[other] / pair[faster]:.2f}x faster than {other}")
+            if len(pair) >= 2:
+                fastest = min(pair, key=pair.get)
+                others = ", ".join(f"{pair[m] / pair[fastest]:.2f}x {m}" for m in sorted(pair, key=pair.get)[1:])
+                print(f"FC {scale} budget {budget} MB: {fastest} fastest; seconds per round against it: {others}")
     report = {
         "created": time.strftime("%Y-%m-%d %H:%M:%S"),
         "quick": args.quick,

@@ -12,7 +12,7 @@ Robustness rule: a point with a non-finite coordinate or a non-finite squared no
 *inadmissible*: it is infinitely far from every centre and never inside a ball, so no
 NaN, Inf or overflowing Byzantine row can reach a centre.
 
-Two numerically different but mathematically equal evaluations:
+Three numerically different but mathematically equal evaluations:
 
 * ``method="direct"``: distances from the point coordinates, ``O(M K N d)`` memory
   passes; exact to rounding.
@@ -21,22 +21,36 @@ Two numerically different but mathematically equal evaluations:
   a read of the changed rows; the coordinates are updated explicitly.  Much faster
   for large ``d`` (FC on an MLP); loses precision when distances are tiny relative
   to the points' norms.
+* ``method="pairwise"``: distances from the points' Gram matrix, one ``N^2 d``
+  product at matmul speed, then only scalars (:mod:`defenses.pairwise_clustering`).
+  Faster than ``"gram"`` for a few dozen points per problem, slower for hundreds;
+  the same loss of precision.
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import warnings
 from dataclasses import dataclass, fields
 from functools import partial
 from typing import Callable, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from defenses.ball_membership import (
+    ROUNDING_SLACK,
+    decided_by_rounding,
+    inside_ball,
+    mask_distances,
+    warn_decided_by_rounding,
+)
+from defenses.pairwise_clustering import pairwise_products, run_pairwise
 from defenses.radius import RadiusPolicy, RadiusSpec, make_radius
+from defenses.row_reads import _row_products, _rowdot, _scratch, _weighted_rows
+
+
+Method = Literal["direct", "gram", "pairwise"]
+METHODS: tuple[str, ...] = ("direct", "gram", "pairwise")
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ def threshold_clustering(
     radius: RadiusSpec,
     rounds: int = 10,
     *,
-    method: Literal["direct", "gram"] = "direct",
+    method: Method = "direct",
     final_distances: bool = False,
     nearest: bool = False,
 ) -> ClusteringResult:
@@ -91,17 +105,17 @@ def threshold_clustering(
         radius: a radius policy, a number (fixed radius) or a mapping
             ``{"policy": "quantile", "q": 0.2}`` (see :mod:`defenses.radius`).
         rounds: number of rounds ``M`` (the paper uses 10); 0 returns the input.
-        method: ``"direct"`` or ``"gram"`` (see module docstring).
+        method: ``"direct"``, ``"gram"`` or ``"pairwise"`` (see module docstring).
         final_distances: also return every point's distance to the final centres
-            (nearly free with ``"gram"``).
+            (nearly free with ``"gram"`` and ``"pairwise"``).
         nearest: also return every point's nearest final centre (Alg. 4's
             assignment).  With ``"gram"`` only the points whose nearest centre their
             distance intervals leave open are read.
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
-    if method not in ("direct", "gram"):
-        raise ValueError(f"method must be 'direct' or 'gram', got {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
     if points.dim() not in (2, 3) or centres.dim() != points.dim():
         raise ValueError(
             f"points must be [N, d] or [B, N, d] and centres [K, d] or [B, K, d] "
@@ -118,16 +132,26 @@ def threshold_clustering(
     live = admissible_points(v0)  # [B, K]
     all_live = bool(live.all())
     start = v0 if all_live else torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
-    # The gram evaluation reads the points once for their norms and their products
-    # with the initial centres (inadmissible rows' products are never used).
-    norms, products = _norms_and_products(z, start) if method == "gram" else (squared_norms(z), None)
+    # The inner-product evaluations read the points once for their norms and their
+    # products with the initial centres (and, "pairwise", with each other); products
+    # of inadmissible rows are never used.
+    products = gram = None
+    if method == "gram":
+        norms, products = _norms_and_products(z, start)
+    elif method == "pairwise":
+        gram, products = pairwise_products(z, start)
+        norms = torch.diagonal(gram, dim1=-2, dim2=-1)
+    else:
+        norms = squared_norms(z)
     admissible = torch.isfinite(norms)
     clean = z
     if not bool(admissible.all()):
         clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
         norms = torch.where(admissible, norms, 0.0)
     final = "exact" if final_distances else "nearest" if nearest else None
-    if products is None:
+    if gram is not None:
+        result = ClusteringResult(*run_pairwise(clean, start, admissible, gram, products, policy, rounds, final is not None))
+    elif products is None:
         result = _run_direct(clean, start, admissible, policy, rounds, final)
     else:
         result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final, live)
@@ -176,12 +200,6 @@ def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
     return norms, products.transpose(1, 2)
 
 
-def _inside(distances: Tensor, tau: Tensor, strict: bool) -> Tensor:
-    tau = tau.unsqueeze(-1)
-    within = distances < tau if strict else distances <= tau
-    return within & torch.isfinite(distances)
-
-
 def _nearest_undecided(live: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
     """``[B, K, N]``: for the points whose nearest live centre the intervals leave
     open, the centres that may be nearest.  A centre whose ``lower`` exceeds the
@@ -191,12 +209,6 @@ def _nearest_undecided(live: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
     lower, upper = lower.masked_fill(dead, math.inf), upper.masked_fill(dead, math.inf)
     candidate = lower <= upper.amin(dim=-2, keepdim=True)
     return candidate & (candidate.sum(dim=-2, keepdim=True) >= 2)
-
-
-def _mask_distances(distances: Tensor, excluded: Tensor) -> Tensor:
-    """``inf`` for NaN distances and for the points in ``excluded`` (``[..., 1, N]``,
-    the inadmissible ones: ``~admissible.unsqueeze(-2)``)."""
-    return distances.masked_fill(excluded | torch.isnan(distances), math.inf)
 
 
 def _run_direct(
@@ -215,7 +227,7 @@ def _run_direct(
     for round_index in range(rounds):
         distances = _direct_distances(v, z, admissible)
         tau = policy(distances, round_index)
-        inside = _inside(distances, tau, policy.strict)
+        inside = inside_ball(distances, tau, policy.strict)
         weights = inside.to(z.dtype)
         count = weights.sum(-1, keepdim=True)
         v = v + (torch.bmm(weights, z) - count * v) / n
@@ -224,7 +236,7 @@ def _run_direct(
 
 def _direct_distances(v: Tensor, z: Tensor, admissible: Tensor) -> Tensor:
     distances = torch.cdist(v, z, compute_mode="donot_use_mm_for_euclid_dist")
-    return _mask_distances(distances, ~admissible.unsqueeze(-2))
+    return mask_distances(distances, ~admissible.unsqueeze(-2))
 
 
 def _run_gram(
@@ -261,49 +273,25 @@ def _run_gram(
     for round_index in range(rounds):
         distances = dots.distances(getattr(policy, "undecided", None))
         tau = policy(distances, round_index)
-        entered = _inside(distances, tau, policy.strict)
+        entered = inside_ball(distances, tau, policy.strict)
         seen.append((distances, tau, dots.centre_norms()))
         change = None
         if bool((entered ^ inside).any()):
             change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
         dots.step(change, inside.sum(-1).to(z.dtype))
-    unresolved = bool(seen) and _decided_by_rounding(dots, *(torch.stack(values) for values in zip(*seen)))
+    unresolved = False
+    if seen:
+        all_distances, all_radii, all_centre_norms = (torch.stack(values) for values in zip(*seen))
+        unresolved = decided_by_rounding(all_distances, all_radii, dots.slack(all_centre_norms))
     distances = None
     if final == "exact":
         distances = dots.distances(None)
     elif final == "nearest":
         distances = dots.distances(partial(_nearest_undecided, live))
     if unresolved:
-        warnings.warn(
-            "Threshold-Clustering (method='gram'): a point at a ball's boundary is closer "
-            "to the centre than float32 inner products of vectors this large resolve (e.g. "
-            "1e6-sized attack rows near each other), so its membership is decided by "
-            "rounding; method='direct' or float64 evaluates it exactly",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        warn_decided_by_rounding("gram")
     return ClusteringResult(dots.centres, inside, tau, distances)
-
-
-# A squared distance whose rounding slack (see ``_ROUNDING_SLACK``) exceeds this share
-# of it is resolved far worse by inner products than by coordinates (whose relative
-# rounding is about the slack's share of ``d^2`` without the norms).
-_RESOLVABLE = 1e-2
-
-
-def _decided_by_rounding(dots: "_CentreDots", distances: Tensor, tau: Tensor, centre_norms: Tensor) -> bool:
-    """Whether, in some round, some ball had two or more points within their rounding
-    slack of its radius, each with a slack above ``_RESOLVABLE`` of its squared
-    distance: their order, hence their memberships, was then rounding, where the
-    direct evaluation would resolve it.  (One such point alone is usually the point the
-    quantile radius is read from, e.g. a single point sitting on its centre.)  All
-    rounds at once: ``distances[R, B, K, N]``, ``tau`` and ``centre_norms[R, B, K]``."""
-    squared = distances.square()
-    slack = dots.slack(centre_norms)
-    near = (squared - tau.unsqueeze(-1).square()).abs() <= slack
-    unresolved = near & (slack > _RESOLVABLE * squared) & torch.isfinite(squared)
-    return bool((unresolved.sum(-1) >= 2).any())
 
 
 # A round reads the rows whose distance it needs; when that is more than this share
@@ -312,13 +300,6 @@ def _decided_by_rounding(dots: "_CentreDots", distances: Tensor, tau: Tensor, ce
 # product; 0.3 was best among 0.15-0.5 when replaying FC's clustering on Fig. 6
 # gradients (about 4 full-product equivalents per receiver instead of 10).
 _FULL_PRODUCT_SHARE = 0.3
-
-# Widening of the distance intervals for rounding, in units of the dtype's epsilon
-# times ``sqrt(d) (||z_j||^2 + ||v||^2)``: the rounding error of a length-d inner
-# product stays well inside it, so a point decided by its interval is decided as its
-# computed distance would decide it.
-_ROUNDING_SLACK = 4.0
-
 
 class _CentreDots:
     """Inner products ``<z_j, v_k>`` of every point with moving centres, kept lazily.
@@ -368,7 +349,7 @@ class _CentreDots:
         self._delta: Tensor | None = None
         self._centre_norms: Tensor | None = None
         self._known_now: Tensor | None = None
-        self._slack_scale = _ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
+        self._slack_scale = ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
 
     def _known(self) -> Tensor:
         """``||z_j||^2 - 2 sigma <z_j, x> - 2 t <z_j, b> + ||v||^2``, ``[B, K, N]``;
@@ -379,7 +360,7 @@ class _CentreDots:
         return self._known_now
 
     def _finish(self, squared: Tensor) -> Tensor:
-        return _mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
+        return mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
 
     def centre_norms(self) -> Tensor:
         """``||v_k||^2`` of the current centres, ``[B, K]``; computed once per round."""
@@ -428,7 +409,7 @@ class _CentreDots:
         estimate = self._finish(torch.minimum(free.clamp_min(low), high))
         lower = ((low - slack).clamp_min(0)).sqrt()
         upper = (high + slack).clamp_min(0).sqrt()
-        return _mask_distances(lower, self.excluded), _mask_distances(upper, self.excluded), estimate, settled
+        return mask_distances(lower, self.excluded), mask_distances(upper, self.excluded), estimate, settled
 
     def distances(self, undecided: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
         """Distances to the current centres, ``[B, K, N]``: exact (or settled: exact to
@@ -500,129 +481,6 @@ class _CentreDots:
             earlier, alpha, rows, products = self.read
             self.read = (earlier, alpha * keep, rows, products)
 
-
-# Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
-# multi-MB tensor page-faults on every call (an ~8 MB gather buffer measured 1.6 ms
-# against 0.14 ms for 12 rows; four [1, 4, 159,010] working vectors of MC's
-# clustering about 2 ms a call).  Only tensors that never leave a call live here, and
-# no call runs inside another in the same thread (radius policies never cluster).
-_SCRATCH = threading.local()
-
-
-def _scratch(role: str, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
-    """An uninitialised ``shape`` tensor of ``like``'s dtype and device, the same
-    memory on every call with this ``role`` in this thread."""
-    buffers = _SCRATCH.__dict__.setdefault("buffers", {})
-    key = (role, like.dtype, like.device)
-    size = math.prod(shape)
-    buffer = buffers.get(key)
-    if buffer is None or buffer.numel() < size:
-        buffer = like.new_empty(size)
-        buffers[key] = buffer
-    return buffer[:size].view(shape)
-
-
-def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """For ``mask[B, ..., N]``: the positions of its set entries first (in order), then
-    unset ones as padding, ``width`` per row (``order``); and the same positions as row
-    indices into ``z.reshape(B * N, d)`` (``index``)."""
-    order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :width]
-    offsets = torch.arange(mask.shape[0], device=mask.device) * mask.shape[-1]
-    return order, order + offsets.view(-1, *([1] * (order.dim() - 1)))
-
-
-def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
-    """``<z_{b,j}, vectors_{b,k}>`` as ``[B, K, N]`` for the rows with ``rows[b, j]``
-    (other entries are zero).  Only the chosen rows are read: they are gathered, in
-    problem order, in blocks of about ``_BLOCK_BYTES`` into one reused buffer, and each
-    block is multiplied while in cache by the vectors of the problems it spans (one
-    slice of consecutive columns).  The loop is over row blocks, not clients; no
-    problem reads another's rows as padding."""
-    batch, n, dim = z.shape
-    k = vectors.shape[1]
-    out = z.new_zeros(batch, k, n)
-    pairs = rows.nonzero()  # [P, 2]: (problem, row), grouped by problem
-    if pairs.shape[0] == 0:
-        return out
-    problem, row = pairs[:, 0], pairs[:, 1]
-    count = pairs.shape[0]
-    flat = z.reshape(batch * n, dim)
-    flat_index = problem * n + row
-    columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
-    block = max(1, _BLOCK_BYTES // (dim * z.element_size()))
-    buffer = _scratch("gather", (min(block, count), dim), z)
-    picked = z.new_empty(count, k)  # <z_j, vectors_k> of every chosen row
-    if batch > 1:
-        local = problem.unsqueeze(1) * k + torch.arange(k, device=z.device)  # its columns
-        bounds = problem.tolist()
-    for start in range(0, count, block):
-        stop = min(start + block, count)
-        gathered = torch.index_select(flat, 0, flat_index[start:stop], out=buffer[: stop - start])
-        if batch == 1:
-            torch.mm(gathered, columns, out=picked[start:stop])
-            continue
-        first, last = bounds[start], bounds[stop - 1]
-        products = gathered @ columns[:, first * k : (last + 1) * k]  # [p, K x problems spanned]
-        torch.gather(products, 1, local[start:stop] - first * k, out=picked[start:stop])
-    out[problem, :, row] = picked
-    return out
-
-
-# Rows of ``z`` per block in :func:`_blocked_product`: about 8 MB, so a block stays in
-# cache while it is used.
-_BLOCK_BYTES = 8 << 20
-
-
-def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
-    """``weights[B, K, N] @ z[B, N, d]`` accumulated over blocks of rows of ``z``.
-
-    With few centres ``K`` the single product was measured 1.7x slower (MKL streams
-    ``z`` poorly for a ``[K, N] x [N, d]`` shape with tiny ``K``); blocks of ~8 MB of
-    rows run near memory bandwidth.  The loop is over row blocks, not clients."""
-    n = z.shape[1]
-    rows = max(1, _BLOCK_BYTES // (z.shape[-1] * z.element_size()))
-    if rows >= n:
-        return torch.bmm(weights, z)
-    out = torch.bmm(weights[..., :rows], z[:, :rows])
-    for start in range(rows, n, rows):
-        out.baddbmm_(weights[..., start : start + rows], z[:, start : start + rows])
-    return out
-
-
-def _rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """``<a_k, b_k>`` over the last dimension, ``[B, K]``.  ``einsum`` runs one batched
-    product without temporaries; ``linalg.vecdot`` multiplies into a fresh ``[B, K, d]``
-    tensor first (page faults: measured 2-5x slower inside a round)."""
-    return torch.einsum("bkd,bkd->bk", a, b)
-
-
-def _weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
-    """``weights[B, K, N] @ z[B, N, d]``.  When few weights are non-zero, only those
-    rows are read, in place, by ``embedding_bag`` (a weighted sum of rows per bag,
-    without copying them); otherwise one product streams all of ``z``.
-
-    Measured on d = 159,010, N = 250: 4 rows 0.15 ms (0.7 ms by a gather and a
-    product), 4 bags of 60 rows 5.5 ms (13 ms by the blocked product), but 200 rows in
-    one bag 9.9 ms against 6.6 ms for one product over all rows."""
-    batch, n, dim = z.shape
-    k = weights.shape[1]
-    nonzero = weights != 0
-    width = int(nonzero.sum(-1).max())
-    if width == 0:
-        return z.new_zeros(batch, k, dim)
-    if k * width > n * (0.66 if k == 1 else 1.6):
-        return _blocked_product(weights, z)
-    # Rows with a non-zero weight first; the tail of a short bag repeats rows whose
-    # weight is zero, so it adds nothing.
-    order, index = _selected_rows(nonzero, width)  # [B, K, w] each
-    coefficients = torch.gather(weights, -1, order)
-    sums = F.embedding_bag(
-        index.reshape(batch * k, width),
-        z.reshape(batch * n, dim),
-        mode="sum",
-        per_sample_weights=coefficients.reshape(batch * k, width),
-    )
-    return sums.view(batch, k, dim)
 
 
 def nearest_centre(

@@ -242,7 +242,7 @@ def separated_clusters(seed: int, sizes: list[int], d: int, r: float = 1.0, gap:
     sizes=st.lists(st.integers(1, 5), min_size=1, max_size=4),
     d=st.integers(1, 4),
     rounds=st.integers(1, 6),
-    method=st.sampled_from(["direct", "gram"]),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
 )
 def test_ball_holding_exactly_one_cluster_contracts_by_one_minus_delta(seed, sizes, d, rounds, method):
     """SPEC sec. 4 / proof of Thm 3.1: if centre k's ball holds exactly cluster k's
@@ -261,7 +261,7 @@ def test_ball_holding_exactly_one_cluster_contracts_by_one_minus_delta(seed, siz
     n = points.shape[0]
     means = torch.stack([points[labels == i].mean(0) for i in range(len(sizes))])
     delta = torch.tensor(sizes, dtype=F64) / n
-    tol = 1e-9 if method == "gram" else 1e-11
+    tol = 1e-11 if method == "direct" else 1e-9
     previous = threshold_clustering(points, centres, 5.5, 0, method=method).centres
     torch.testing.assert_close(previous, centres, rtol=0, atol=tol)
     for l in range(1, rounds + 1):
@@ -334,7 +334,7 @@ def test_attacker_at_ball_edge_converges_to_mean_plus_beta_over_delta_tau_u(seed
     tau=st.floats(0.1, 6.0),
     q=st.floats(0.0, 1.0),
     name=st.sampled_from(["fixed", "quantile", "cd"]),
-    method=st.sampled_from(["direct", "gram"]),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
 )
 def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method):
     """Alg. 3 applied to B independent problems at once ([B, N, d], as FC does with one
@@ -363,15 +363,17 @@ def test_batched_equals_unbatched(seed, b, n, d, k, rounds, tau, q, name, method
     tau=st.floats(0.1, 6.0),
     q=st.floats(0.0, 1.0),
     name=st.sampled_from(["fixed", "quantile", "cd"]),
+    method=st.sampled_from(["gram", "pairwise"]),
 )
-def test_gram_method_equals_direct(seed, n, d, k, rounds, tau, q, name):
-    """The inner-product evaluation (distances from ``||z||^2 - 2 <z, v> + ||v||^2``) is
-    the same eq. 24 as the direct one: equal centres (to rounding), memberships and radii."""
+def test_inner_product_methods_equal_direct(seed, n, d, k, rounds, tau, q, name, method):
+    """The inner-product evaluations (distances from ``||z||^2 - 2 <z, v> + ||v||^2``,
+    with ``<z, v>`` kept lazily or from the points' Gram matrix) are the same eq. 24 as
+    the direct one: equal centres (to rounding), memberships and radii."""
     avoid_rounding_ties(name, q, n)
     points, centres = random_problem(seed, n, d, k)
     policy = policy_from(name, tau, q)
     direct = threshold_clustering(points, centres, policy, rounds, method="direct")
-    gram = threshold_clustering(points, centres, policy, rounds, method="gram")
+    gram = threshold_clustering(points, centres, policy, rounds, method=method)
     torch.testing.assert_close(gram.centres, direct.centres, rtol=1e-8, atol=1e-8)
     assert torch.equal(gram.inside, direct.inside)
     # A distance from inner products, sqrt(||z||^2 - 2 <z, v> + ||v||^2), is off by up to
@@ -415,7 +417,7 @@ def test_gram_reading_only_undecided_points_equals_direct(seed, b, n, d, k, roun
     rounds=st.integers(1, 8),
     q=st.floats(0.05, 0.6),
     dead=st.booleans(),
-    method=st.sampled_from(["gram", "direct"]),
+    method=st.sampled_from(["gram", "direct", "pairwise"]),
     spread=st.sampled_from([0.2, 1.0, 6.0]),
 )
 def test_nearest_centre_is_the_argmin_of_the_exact_final_distances(seed, b, n, d, k, rounds, q, dead, method, spread):
@@ -441,21 +443,23 @@ def test_nearest_centre_is_the_argmin_of_the_exact_final_distances(seed, b, n, d
     assert torch.equal(single.nearest, result.nearest[0])
 
 
-def test_gram_warns_when_rounding_decides_a_membership():
+@pytest.mark.parametrize("method", ["gram", "pairwise"])
+def test_inner_products_warn_when_rounding_decides_a_membership(method):
     """A centre among a tight cluster of 1e6-sized float32 rows (the large-gradient
     attack's shape): distances of ~1e4 are far below the rounding of inner products of
-    such rows, so "gram" decides those memberships by rounding and says so; the direct
-    evaluation resolves them.  A well-scaled problem gives no warning."""
+    such rows, so the inner-product evaluations decide those memberships by rounding
+    and say so; the direct evaluation resolves them.  A well-scaled problem gives no
+    warning."""
     g = torch.Generator().manual_seed(0)
     d = 2000
     points = torch.cat([torch.randn(10, d, generator=g), 1e6 + 100 * torch.randn(20, d, generator=g)])
     centre = points[10:11] + 10 * torch.randn(1, d, generator=g)
-    with pytest.warns(RuntimeWarning, match="decided by rounding"):
-        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="gram")
+    with pytest.warns(RuntimeWarning, match=f"method='{method}'.*decided by rounding"):
+        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method=method)
     well_scaled = torch.cat([torch.randn(10, d, generator=g), 3 + torch.randn(20, d, generator=g)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        threshold_clustering(well_scaled, well_scaled[10:11] + 0.1, QuantileRadius(0.3), 5, method="gram")
+        threshold_clustering(well_scaled, well_scaled[10:11] + 0.1, QuantileRadius(0.3), 5, method=method)
         threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="direct")
 
 
@@ -561,7 +565,7 @@ def test_row_products_and_weighted_rows_equal_full_products(seed, b, n, d, k, da
     n=st.integers(1, 8),
     d=st.integers(1, 4),
     k=st.integers(1, 3),
-    method=st.sampled_from(["direct", "gram"]),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
 )
 def test_zero_rounds_returns_initial_centres(seed, n, d, k, method):
     """Alg. 3 with M = 0 rounds outputs v_{k,0}: the initial centres, unchanged."""
@@ -572,7 +576,7 @@ def test_zero_rounds_returns_initial_centres(seed, n, d, k, method):
 
 
 @FAST
-@given(**BATCHED_PROBLEMS, k=st.integers(1, 3), rounds=st.integers(0, 4), method=st.sampled_from(["direct", "gram"]))
+@given(**BATCHED_PROBLEMS, k=st.integers(1, 3), rounds=st.integers(0, 4), method=st.sampled_from(["direct", "gram", "pairwise"]))
 def test_results_share_no_memory_with_inputs_or_later_calls(seed, b, n, d, k, rounds, method):
     """The returned centres are new tensors: writing to them leaves the caller's
     centres alone, and a later call (which reuses the engine's scratch memory) leaves
@@ -602,7 +606,7 @@ BAD_ROWS = {
     k=st.integers(1, 3),
     dtype=st.sampled_from([torch.float64, torch.float32]),
     name=st.sampled_from(["fixed", "quantile", "cd"]),
-    method=st.sampled_from(["direct", "gram"]),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
     data=st.data(),
 )
 def test_non_finite_rows_are_never_inside_and_centres_stay_finite(seed, n, d, k, dtype, name, method, data):
@@ -651,7 +655,7 @@ def test_strict_and_non_strict_inclusion_at_distance_exactly_tau():
     q_loose = threshold_clustering(points, centre, QuantileRadius(0.0), rounds=1)
     q_strict = threshold_clustering(points, centre, QuantileRadius(0.0, strict=True), rounds=1)
     assert q_loose.centres.item() == 0.5 and q_strict.centres.item() == 0.0
-    for method in ("direct", "gram"):
+    for method in ("direct", "gram", "pairwise"):
         assert threshold_clustering(points, centre, 1.0, 1, method=method).inside.tolist() == [[True, False]]
 
 
@@ -697,7 +701,7 @@ def test_invalid_arguments_raise_value_error():
     d=st.integers(1, 4),
     k=st.integers(2, 4),
     name=st.sampled_from(["fixed", "quantile", "cd"]),
-    method=st.sampled_from(["direct", "gram"]),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
     data=st.data(),
 )
 def test_non_finite_initial_centre_is_returned_unchanged_and_captures_nothing(seed, n, d, k, name, method, data):
