@@ -3,10 +3,12 @@ with the reused workspace and in-place attack delivery) and the distance method.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attacks
 from defenses import build
+from defenses.clustering_algorithms import FederatedClusteringParams
 from robust_pfl import ClientData, Federation, mlp
 
 
@@ -56,12 +58,25 @@ def test_memory_budget_does_not_change_results():
     torch.testing.assert_close(one_by_one, together, rtol=1e-12, atol=1e-12)
 
 
-def test_gram_and_direct_methods_train_the_same_models():
-    """The inner-product ("gram") and direct evaluations of eq. 24 give the same FC trajectory (to
-    rounding) under attack."""
+@pytest.mark.parametrize("method", ["gram", "pairwise"])
+def test_inner_product_and_direct_methods_train_the_same_models(method):
+    """The inner-product ("gram", "pairwise") and direct evaluations of eq. 24 give the
+    same FC trajectory (to rounding) under attack."""
     direct, _ = _train({"method": "direct"})
-    gram, _ = _train({"method": "gram"})
-    torch.testing.assert_close(direct, gram, rtol=1e-9, atol=1e-9)
+    other, _ = _train({"method": method})
+    torch.testing.assert_close(direct, other, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("points", "dim", "expected"),
+    [(10, 1024, "direct"), (500, 10, "direct"), (64, 1025, "pairwise"), (96, 159010, "pairwise"), (97, 1025, "gram")],
+)
+def test_auto_method_follows_the_documented_rule(points, dim, expected):
+    """``method = "auto"``: exact differences while d <= 1024; above, the Gram matrix
+    ("pairwise") up to 96 points per clustering and lazily kept products ("gram")
+    beyond, as the README and the field's description state."""
+    params = FederatedClusteringParams()
+    assert params.distance_method(torch.empty(3, points, dim, device="meta")) == expected
 
 
 def test_attacked_rows_are_fresh_each_round():
