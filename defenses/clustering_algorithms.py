@@ -106,10 +106,11 @@ class FederatedClustering(Algorithm):
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
 
-    def _cluster(self, messages: Tensor, centres: Tensor) -> ClusteringResult:
-        """Alg. 3 on ``messages[M, S, d]`` from ``centres[M, 1, d]``."""
+    def _cluster(self, messages: Tensor, starts: Tensor) -> ClusteringResult:
+        """Alg. 3 on ``messages[M, S, d]``, each problem's centre starting at the row
+        ``starts[M, 1]`` of its messages (the receiver's own gradient)."""
         method = self.params.distance_method(messages)
-        return threshold_clustering(messages, centres, self.policy, self.params.clustering_rounds, method=method)
+        return threshold_clustering(messages, starts, self.policy, self.params.clustering_rounds, method=method)
 
     def _subgroups(self) -> list[Tensor]:
         n = self.federation.clients
@@ -143,14 +144,14 @@ class FederatedClustering(Algorithm):
                 grads = self._workspace(chunk.numel(), members.numel())
                 fed.cross_gradients(self.models[clients], group_batch, out=grads[:, :computed])
                 rows = torch.arange(chunk.numel(), device=grads.device)
-                start = grads[rows, chunk].clone()  # g_i(x_i): the initial centre
+                start = grads[rows, chunk]  # g_i(x_i), the initial centre (a copy)
                 own[clients] = start
-                centres = start.unsqueeze(1)
+                starts = chunk.unsqueeze(1)  # the same rows, by index
 
-                def aggregate(messages: Tensor, centres: Tensor = centres) -> Tensor:
-                    return self._cluster(messages, centres).centres
+                def aggregate(messages: Tensor, starts: Tensor = starts) -> Tensor:
+                    return self._cluster(messages, starts).centres
 
-                state = {"centres": centres, "radius_policy": self.policy, "aggregate": aggregate}
+                state = {"centres": start.unsqueeze(1), "radius_policy": self.policy, "aggregate": aggregate}
                 received = fed.deliver(
                     grads,
                     round_index,
@@ -160,7 +161,7 @@ class FederatedClustering(Algorithm):
                     senders=members,
                     inplace=True,
                 )
-                updates[clients] = self._cluster(received, centres).centres[:, 0]
+                updates[clients] = self._cluster(received, starts).centres[:, 0]
         # Every row is stepped: a row that received nothing (a Byzantine client's, whose
         # model is never read) has a zero update and keeps its parameters exactly; the
         # whole-tensor step reuses its scratch instead of gathering the honest rows.

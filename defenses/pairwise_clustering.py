@@ -43,14 +43,17 @@ from defenses.radius import RadiusPolicy
 from defenses.row_reads import _rowdot, _weighted_rows
 
 
-def pairwise_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
+def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(gram[B, N, N], starts[B, K, N])``: ``<z_i, z_j>`` and ``<v0_k, z_j>``, one
-    batched product each.  A non-finite row spoils only its own row and column of
-    ``gram`` (and its column of ``starts``); its squared norm, ``gram``'s diagonal,
-    is then non-finite too, which is how the caller finds it inadmissible."""
+    batched product each; when the centres start at points (``index[B, K]``), their
+    products are rows of ``gram``.  A non-finite row spoils only its own row and
+    column of ``gram`` (and its column of ``starts``); its squared norm, ``gram``'s
+    diagonal, is then non-finite too, which is how the caller finds it inadmissible."""
+    gram = torch.bmm(z, z.transpose(1, 2))
+    if index is not None:
+        return gram, torch.gather(gram, 1, index.unsqueeze(-1).expand(-1, -1, gram.shape[-1]))
     # [N, d] x [d, K] streams the points; [K, d] x [d, N] was measured 1.9x slower
-    starts = torch.bmm(z, centres.transpose(1, 2)).transpose(1, 2)
-    return torch.bmm(z, z.transpose(1, 2)), starts
+    return gram, torch.bmm(z, centres.transpose(1, 2)).transpose(1, 2)
 
 
 class _Combination:

@@ -99,9 +99,12 @@ def threshold_clustering(
     Args:
         points: ``[N, d]`` or ``[B, N, d]`` (B independent problems, e.g. one per FC
             client).
-        centres: initial centres ``[K, d]`` or ``[B, K, d]``.  An inadmissible
-            (non-finite) initial centre is returned unchanged and captures no point,
-            so a diverged client never crashes the round.
+        centres: initial centres ``[K, d]`` or ``[B, K, d]``, or the indices of the
+            points they start at (an integer ``[K]`` or ``[B, K]``; FC starts at the
+            receiver's own gradient, and ``"pairwise"`` then takes its products from
+            the Gram matrix).  An inadmissible (non-finite) initial centre is
+            returned unchanged and captures no point, so a diverged client never
+            crashes the round.
         radius: a radius policy, a number (fixed radius) or a mapping
             ``{"policy": "quantile", "q": 0.2}`` (see :mod:`defenses.radius`).
         rounds: number of rounds ``M`` (the paper uses 10); 0 returns the input.
@@ -116,19 +119,12 @@ def threshold_clustering(
         raise ValueError(f"rounds must be >= 0, got {rounds}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
-    if points.dim() not in (2, 3) or centres.dim() != points.dim():
-        raise ValueError(
-            f"points must be [N, d] or [B, N, d] and centres [K, d] or [B, K, d] "
-            f"with the same rank; got {tuple(points.shape)} and {tuple(centres.shape)}"
-        )
-    if points.shape[-1] != centres.shape[-1]:
-        raise ValueError(f"points and centres differ in dimension: {points.shape[-1]} vs {centres.shape[-1]}")
+    if points.dim() not in (2, 3):
+        raise ValueError(f"points must be [N, d] or [B, N, d]; got {tuple(points.shape)}")
     policy = make_radius(radius)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)
-    v0 = centres.to(points.dtype) if batched else centres.to(points.dtype).unsqueeze(0)
-    if z.shape[0] != v0.shape[0]:
-        raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {v0.shape[0]}")
+    v0, start_index = _starting_centres(z, centres if batched else centres.unsqueeze(0))
     live = admissible_points(v0)  # [B, K]
     all_live = bool(live.all())
     start = v0 if all_live else torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
@@ -139,8 +135,10 @@ def threshold_clustering(
     if method == "gram":
         norms, products = _norms_and_products(z, start)
     elif method == "pairwise":
-        gram, products = pairwise_products(z, start)
+        gram, products = pairwise_products(z, start, start_index)
         norms = torch.diagonal(gram, dim1=-2, dim2=-1)
+        if start_index is not None and not all_live:  # a dead start's row: as v0 = 0
+            products = products.masked_fill(~live.unsqueeze(-1), 0.0)
     else:
         norms = squared_norms(z)
     admissible = torch.isfinite(norms)
@@ -169,6 +167,33 @@ def threshold_clustering(
         return result
     unbatched = {field.name: getattr(result, field.name) for field in fields(result)}
     return ClusteringResult(**{name: None if value is None else value[0] for name, value in unbatched.items()})
+
+
+def _starting_centres(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor | None]:
+    """``(v0[B, K, d], index)`` from ``centres``: coordinates ``[B, K, d]`` (``index``
+    is ``None``), or the indices ``[B, K]`` of the points the centres start at (their
+    rows are gathered; ``index`` is returned so that an evaluation that already has
+    the points' products can reuse them)."""
+    if not centres.is_floating_point():
+        if centres.dim() != 2 or centres.shape[0] != z.shape[0]:
+            raise ValueError(
+                f"centres given as point indices must be [K] for points [N, d] or [B, K] for "
+                f"points [B, N, d]; got {tuple(centres.shape)} for points {tuple(z.shape)}"
+            )
+        index = centres.to(device=z.device, dtype=torch.long)
+        if index.numel() and (int(index.min()) < 0 or int(index.max()) >= z.shape[1]):
+            raise ValueError(f"centre indices must lie in [0, {z.shape[1]}); got {index.min()}..{index.max()}")
+        return torch.gather(z, 1, index.unsqueeze(-1).expand(-1, -1, z.shape[-1])), index
+    if centres.dim() != 3:
+        raise ValueError(
+            f"points must be [N, d] or [B, N, d] and centres [K, d] or [B, K, d] "
+            f"with the same rank; got {tuple(z.shape)} and {tuple(centres.shape)}"
+        )
+    if z.shape[-1] != centres.shape[-1]:
+        raise ValueError(f"points and centres differ in dimension: {z.shape[-1]} vs {centres.shape[-1]}")
+    if z.shape[0] != centres.shape[0]:
+        raise ValueError(f"points and centres differ in batch size: {z.shape[0]} vs {centres.shape[0]}")
+    return centres.to(z.dtype), None
 
 
 # Row blocks of :func:`_norms_and_products`, per centre: about one core's L2 cache

@@ -443,6 +443,67 @@ def test_nearest_centre_is_the_argmin_of_the_exact_final_distances(seed, b, n, d
     assert torch.equal(single.nearest, result.nearest[0])
 
 
+@FAST
+@given(
+    **BATCHED_PROBLEMS,
+    k=st.integers(1, 3),
+    rounds=st.integers(0, 6),
+    q=st.floats(0.05, 0.6),
+    method=st.sampled_from(["direct", "gram", "pairwise"]),
+    data=st.data(),
+)
+def test_centres_given_as_point_indices_start_at_those_points(seed, b, n, d, k, rounds, q, method, data):
+    """Centres may be given as the indices of the points they start at (FC starts at
+    the receiver's own gradient): the run is the one from those points' coordinates.
+    Memberships and radii agree exactly and centres to rounding ("pairwise" takes the
+    starts' products from the Gram matrix instead of one more product); unbatched
+    ``[K]`` indices behave like one problem of the batch."""
+    avoid_rounding_ties("quantile", q, n)
+    points, _ = stacked([random_problem(seed + i, n, d, k) for i in range(b)])
+    index = torch.tensor(data.draw(st.lists(st.lists(st.integers(0, n - 1), min_size=k, max_size=k), min_size=b, max_size=b)))
+    coordinates = torch.stack([points[i, index[i]] for i in range(b)])
+    policy = QuantileRadius(q)
+    by_index = threshold_clustering(points, index, policy, rounds, method=method, final_distances=True)
+    by_value = threshold_clustering(points, coordinates, policy, rounds, method=method, final_distances=True)
+    assert torch.equal(by_index.inside, by_value.inside)
+    torch.testing.assert_close(by_index.centres, by_value.centres, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(by_index.radius, by_value.radius, rtol=1e-8, atol=1e-6)
+    single = threshold_clustering(points[0], index[0], policy, rounds, method=method)
+    assert torch.equal(single.inside, by_index.inside[0])
+    torch.testing.assert_close(single.centres, by_index.centres[0], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["direct", "gram", "pairwise"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 1e38])
+def test_centre_starting_at_an_inadmissible_point_is_returned_unchanged(method, bad):
+    """A centre started at a non-finite (or overflowing) point is dead, as a non-finite
+    centre given by value: it captures nothing and comes back as that point, while a
+    live centre of the same call clusters as it would alone."""
+    g = torch.Generator().manual_seed(3)
+    points = torch.randn(12, 2000, generator=g)
+    points[4, 7] = bad
+    result = threshold_clustering(points, torch.tensor([4, 0]), QuantileRadius(0.5), 3, method=method)
+    alone = threshold_clustering(points, torch.tensor([0]), QuantileRadius(0.5), 3, method=method)
+    assert not bool(result.inside[0].any())
+    torch.testing.assert_close(result.centres[0], points[4], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(result.inside[1], alone.inside[0])
+    torch.testing.assert_close(result.centres[1], alone.centres[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("points", "centres", "message"),
+    [
+        (torch.zeros(5, 3), torch.tensor([5]), r"centre indices must lie in \[0, 5\)"),
+        (torch.zeros(5, 3), torch.tensor([-1]), "centre indices must lie"),
+        (torch.zeros(2, 5, 3), torch.tensor([0, 1]), r"must be \[K\] for points \[N, d\] or \[B, K\]"),
+        (torch.zeros(2, 5, 3), torch.zeros(3, 1, dtype=torch.long), r"\[B, K\] for points \[B, N, d\]"),
+    ],
+)
+def test_invalid_centre_indices_raise_value_error(points, centres, message):
+    with pytest.raises(ValueError, match=message):
+        threshold_clustering(points, centres, 1.0, 1, method="pairwise")
+
+
 @pytest.mark.parametrize("method", ["gram", "pairwise"])
 def test_inner_products_warn_when_rounding_decides_a_membership(method):
     """A centre among a tight cluster of 1e6-sized float32 rows (the large-gradient
