@@ -13,7 +13,6 @@ the field's name), then stepped round by round::
 
 from __future__ import annotations
 
-
 from typing import Any, ClassVar, Mapping
 
 import torch
