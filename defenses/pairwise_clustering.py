@@ -43,15 +43,16 @@ from defenses.radius import RadiusPolicy
 from defenses.row_reads import _rowdot, _weighted_rows
 
 
-def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """``(gram[B, N, N], starts[B, K, N])``: ``<z_i, z_j>`` and ``<v0_k, z_j>``, one
-    batched product each; when the centres start at points (``index[B, K]``), their
-    products are rows of ``gram``.  A non-finite row spoils only its own row and
-    column of ``gram`` (and its column of ``starts``); its squared norm, ``gram``'s
-    diagonal, is then non-finite too, which is how the caller finds it inadmissible."""
+    batched product each; ``starts`` is ``None`` when the centres start at points
+    (``index[B, K]``): their products are rows of ``gram``, read by :func:`run_pairwise`.
+    A non-finite row spoils only its own row and column of ``gram`` (and its column
+    of ``starts``); its squared norm, ``gram``'s diagonal, is then non-finite too,
+    which is how the caller finds it inadmissible."""
     gram = torch.bmm(z, z.transpose(1, 2))
     if index is not None:
-        return gram, torch.gather(gram, 1, index.unsqueeze(-1).expand(-1, -1, gram.shape[-1]))
+        return gram, None
     # [N, d] x [d, K] streams the points; [K, d] x [d, N] was measured 1.9x slower
     return gram, torch.bmm(z, centres.transpose(1, 2)).transpose(1, 2)
 
@@ -106,19 +107,24 @@ def run_pairwise(
     v0: Tensor,
     admissible: Tensor,
     gram: Tensor,
-    starts: Tensor,
+    starts: Tensor | None,
+    start_index: Tensor | None,
     policy: RadiusPolicy,
     rounds: int,
     final: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``rounds`` rounds of eq. 24 from :func:`pairwise_products` of the points (``z``
     with inadmissible rows zeroed; ``gram`` and ``starts`` as computed from the raw
-    rows).  Returns ``(centres, inside, tau, distances)``, the last every point's
-    distance to the final centres when ``final``, else ``None``."""
+    rows; ``starts`` is ``None`` when the centres start at the points ``start_index``).
+    Returns ``(centres, inside, tau, distances)``, the last every point's distance to
+    the final centres when ``final``, else ``None``."""
     if not bool(admissible.all()):
         pair = admissible.unsqueeze(-1) & admissible.unsqueeze(-2)
         gram = gram.masked_fill(~pair, 0.0)
-        starts = starts.masked_fill(~admissible.unsqueeze(1), 0.0)
+        if starts is not None:
+            starts = starts.masked_fill(~admissible.unsqueeze(1), 0.0)
+    if starts is None:  # rows of the masked gram: a start at an inadmissible point is 0
+        starts = torch.gather(gram, 1, start_index.unsqueeze(-1).expand(-1, -1, gram.shape[-1]))
     combination = _Combination(gram, starts, _rowdot(v0, v0), ~admissible.unsqueeze(1), z.shape[-1])
     inside = torch.zeros(starts.shape, dtype=torch.bool, device=z.device)
     tau = z.new_zeros(starts.shape[:-1])

@@ -137,8 +137,6 @@ def threshold_clustering(
     elif method == "pairwise":
         gram, products = pairwise_products(z, start, start_index)
         norms = torch.diagonal(gram, dim1=-2, dim2=-1)
-        if start_index is not None and not all_live:  # a dead start's row: as v0 = 0
-            products = products.masked_fill(~live.unsqueeze(-1), 0.0)
     else:
         norms = squared_norms(z)
     admissible = torch.isfinite(norms)
@@ -148,7 +146,9 @@ def threshold_clustering(
         norms = torch.where(admissible, norms, 0.0)
     final = "exact" if final_distances else "nearest" if nearest else None
     if gram is not None:
-        result = ClusteringResult(*run_pairwise(clean, start, admissible, gram, products, policy, rounds, final is not None))
+        result = ClusteringResult(
+            *run_pairwise(clean, start, admissible, gram, products, start_index, policy, rounds, final is not None)
+        )
     elif products is None:
         result = _run_direct(clean, start, admissible, policy, rounds, final)
     else:
