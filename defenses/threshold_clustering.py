@@ -131,12 +131,12 @@ def threshold_clustering(
     # The inner-product evaluations read the points once for their norms and their
     # products with the initial centres (and, "pairwise", with each other); products
     # of inadmissible rows are never used.
-    products = gram = None
+    products = pairwise = None
     if method == "gram":
         norms, products = _norms_and_products(z, start)
     elif method == "pairwise":
-        gram, products = pairwise_products(z, start, start_index)
-        norms = torch.diagonal(gram, dim1=-2, dim2=-1)
+        pairwise = pairwise_products(z, start, start_index)
+        norms = torch.diagonal(pairwise.gram, dim1=-2, dim2=-1)
     else:
         norms = squared_norms(z)
     admissible = torch.isfinite(norms)
@@ -145,9 +145,9 @@ def threshold_clustering(
         clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
         norms = torch.where(admissible, norms, 0.0)
     final = "exact" if final_distances else "nearest" if nearest else None
-    if gram is not None:
+    if pairwise is not None:
         result = ClusteringResult(
-            *run_pairwise(clean, start, admissible, gram, products, start_index, policy, rounds, final is not None)
+            *run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, final is not None)
         )
     elif products is None:
         result = _run_direct(clean, start, admissible, policy, rounds, final)

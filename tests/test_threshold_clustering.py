@@ -806,3 +806,109 @@ def test_nearest_centre_sends_inadmissible_points_to_centre_zero(method):
     points = torch.tensor([[5.0, 5.0], [math.nan, 0.0], [math.inf, 1.0], [1e38, 1e38], [-5.0, -5.0]])
     centres = torch.tensor([[-5.0, -5.0], [5.0, 5.0]])
     assert nearest_centre(points, centres, method=method).tolist() == [1, 0, 0, 0, 0]
+
+
+def far_row_problem(seed: int, near: int, lead: int, trail: int, d: int, k: int):
+    """float32 points shaped like FC's messages under the large-gradient attack:
+    ``near`` gradient-sized rows (coordinates ~0.01, norms ~0.01 sqrt(d)) between
+    ``lead`` and ``trail`` attack rows ``1e6 + 200 randn``, whose norms exceed every
+    honest norm by far more than ``2 / eps``; centres at the first ``k`` near rows."""
+    g = torch.Generator().manual_seed(seed)
+    honest = 0.01 * (torch.randn(3, d, generator=g)[torch.randint(0, 3, (near,), generator=g)] + 0.3 * torch.randn(near, d, generator=g))
+    attack = 1e6 + 200 * torch.randn(lead + trail, d, generator=g)
+    points = torch.cat([attack[:lead], honest, attack[lead:]])
+    return points, torch.arange(lead, lead + k)
+
+
+@FAST
+@given(
+    seed=seeds,
+    near=st.integers(8, 30),
+    lead=st.integers(0, 4),
+    trail=st.integers(0, 6),
+    d=st.sampled_from([50, 3000, 20000]),
+    k=st.integers(1, 3),
+    q=st.floats(0.1, 0.6),
+    name=st.sampled_from(["quantile", "fixed", "cd"]),
+)
+def test_pairwise_leaves_out_far_rows_products_and_clusters_as_with_all(seed, near, lead, trail, d, k, q, name):
+    """Rows far out of every centre's reach (``||z|| >= 2 S / eps``) at either end get
+    only their squared norms: their products are below the rounding of those norms.
+    The run then equals the run from all products: memberships and radii exactly
+    (float32 rounding of a distance of 1e6 sqrt(d) swamps any product with a
+    gradient-sized centre), centres to rounding; and it agrees with the direct
+    evaluation on every membership.  (Far rows are looked for when they are fewer
+    than the others: a near row's norm is guessed from the median row.)"""
+    assume(lead + trail < near)
+    pc = sys.modules["defenses.pairwise_clustering"]
+    points, index = far_row_problem(seed, near, lead, trail, d, k)
+    n = points.shape[0]
+    avoid_rounding_ties("quantile", q, n)
+    policy = policy_from(name, 0.5 * 0.01 * math.sqrt(d), q)
+    z, starts = points.unsqueeze(0), index.unsqueeze(0)
+    v0 = points[index].unsqueeze(0)
+    products = pc.pairwise_products(z, v0, starts)
+    if lead + trail:
+        assert products.far is not None and products.far.tolist() == [True] * lead + [False] * near + [True] * trail
+        off_diagonal = products.gram[0] - torch.diag(products.gram[0].diagonal())
+        assert not bool(off_diagonal[products.far].any()) and not bool(off_diagonal[:, products.far].any())
+        far_rows = points[products.far].double()
+        torch.testing.assert_close(products.gram[0].diagonal()[products.far].double(), (far_rows * far_rows).sum(-1), rtol=1e-4, atol=0)
+    admissible = torch.ones(1, n, dtype=torch.bool)
+    left_out = pc.run_pairwise(z, v0, admissible, products, starts, policy, 6, True)
+    every = pc.run_pairwise(z, v0, admissible, pc.PairwiseProducts(*pc._all_products(z, v0, starts)), starts, policy, 6, True)
+    assert torch.equal(left_out[1], every[1])
+    torch.testing.assert_close(left_out[2], every[2], rtol=1e-5, atol=0)
+    torch.testing.assert_close(left_out[0], every[0], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(left_out[3], every[3], rtol=1e-5, atol=1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        direct = threshold_clustering(points, index, policy, 6, method="direct")
+    assert torch.equal(left_out[1][0], direct.inside)
+
+
+def test_pairwise_reruns_from_all_products_when_a_far_row_enters_a_ball():
+    """A radius of the far rows' own size takes them into the ball; their left-out
+    products are then needed, and the run is repeated from all products: the result is
+    the direct evaluation's (every point inside, the centre the mean after one round)."""
+    points, index = far_row_problem(0, 20, 0, 5, 3000, 1)
+    pc = sys.modules["defenses.pairwise_clustering"]
+    assert pc.pairwise_products(points.unsqueeze(0), points[index].unsqueeze(0), index.unsqueeze(0)).far is not None
+    policy = FixedRadius(1e12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        result = threshold_clustering(points, index, policy, 1, method="pairwise")
+        direct = threshold_clustering(points, index, policy, 1, method="direct")
+    assert bool(result.inside.all()) and torch.equal(result.inside, direct.inside)
+    torch.testing.assert_close(result.centres[0], points.double().mean(0).float(), rtol=1e-4, atol=0)
+    torch.testing.assert_close(result.centres, direct.centres, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e5])
+def test_pairwise_keeps_the_products_of_rows_within_reach(scale):
+    """Rows only ``scale`` times the honest norms (below ``2 / eps``, about 1.7e7) have
+    products that float32 resolves: they stay in the Gram matrix."""
+    g = torch.Generator().manual_seed(1)
+    points = torch.cat([torch.randn(20, 3000, generator=g), scale * torch.randn(4, 3000, generator=g)])
+    pc = sys.modules["defenses.pairwise_clustering"]
+    products = pc.pairwise_products(points.unsqueeze(0), points[:1].unsqueeze(0), torch.zeros(1, 1, dtype=torch.long))
+    assert products.far is None
+    torch.testing.assert_close(products.gram[0], points @ points.T, rtol=1e-5, atol=1e-3 * scale)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_pairwise_leaves_out_non_finite_trailing_rows(bad):
+    """Non-finite rows are inadmissible (never inside, infinitely far): at the end of
+    the points they are left out of the Gram matrix too, and the run is the one
+    without them."""
+    g = torch.Generator().manual_seed(2)
+    honest = torch.randn(16, 3000, generator=g)
+    points = torch.cat([honest, torch.full((3, 3000), bad)])
+    pc = sys.modules["defenses.pairwise_clustering"]
+    products = pc.pairwise_products(points.unsqueeze(0), honest[:1].unsqueeze(0), torch.zeros(1, 1, dtype=torch.long))
+    assert products.far is not None and products.far[16:].all() and not products.far[:16].any()
+    policy = QuantileRadius(0.4)
+    result = threshold_clustering(points, torch.tensor([0]), policy, 4, method="pairwise")
+    direct = threshold_clustering(points, torch.tensor([0]), policy, 4, method="direct")
+    assert not bool(result.inside[:, 16:].any()) and torch.equal(result.inside, direct.inside)
+    torch.testing.assert_close(result.centres, direct.centres, rtol=1e-5, atol=1e-6)
