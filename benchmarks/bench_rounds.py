@@ -66,9 +66,10 @@ QUANTILE = 0.2
 CLUSTERING_ROUNDS = 10
 RADIUS = {"policy": "quantile", "q": QUANTILE}
 ATTACK_MEAN, ATTACK_STD = 1e6, 200.0
-# FC receivers timed per round (then extrapolated): half the honest clients at N = 64,
-# 12 of 200 at the Fig. 6 scale (a whole number of chunks at 256/1024/4096 MB).
-DEFAULT_RECEIVERS = {"n64": 26, "fig6": 12}
+# FC receivers timed per round (then extrapolated; 0 = all, full rounds): all at
+# N = 64 (a round takes about 1.5 s), 12 of 200 at the Fig. 6 scale (a whole number of
+# chunks at 256/1024/4096 MB).
+DEFAULT_RECEIVERS = {"n64": 0, "fig6": 12}
 TARGETS = {"fc_roofline_fraction": 0.5, "fc_peak_gib": 8.0, "fc_speedup": 10.0, "mc_speedup": 20.0}
 
 
@@ -204,7 +205,18 @@ class GradientMeter:
         fed.gradients = timed_paired  # type: ignore[method-assign]
         object.__setattr__(fed.objective, "paired_gradients", counted_paired)
 
+    def time_step(self, optimizer: Any) -> None:
+        """Record when ``optimizer.apply`` (the round's closing step) starts."""
+        apply = optimizer.apply
+
+        def timed_apply(*args: Any, **kwargs: Any) -> Any:
+            self.step_start = time.perf_counter()
+            return apply(*args, **kwargs)
+
+        optimizer.apply = timed_apply
+
     def reset(self) -> None:
+        self.step_start: float | None = None
         self.seconds = 0.0
         self.pairs = 0
         self.receivers = 0
@@ -434,12 +446,14 @@ def single_thread_kernel(
 
 def _extrapolate_fc(meter: GradientMeter, start: float, end: float, total: int) -> dict[str, float]:
     """A full round from a sampled one.  A chunk's span runs from its
-    ``cross_gradients`` call to the next one (the last span also holds the optimiser
-    step).  The first chunk pays one-off costs (first touch of the reused workspace),
-    so when two or more chunks were timed the remaining receivers are charged at the
-    per-receiver cost of the later chunks; otherwise linearly."""
+    ``cross_gradients`` call to the next one (the last span to the optimiser step,
+    which is added once).  The first chunk pays one-off costs (first touch of the
+    reused workspace), so when two or more chunks were timed the remaining receivers
+    are charged at the per-receiver cost of the later chunks; otherwise linearly."""
     rows, starts, grad = meter.chunk_rows, meter.starts, meter.call_seconds
-    spans = [b - a for a, b in zip(starts, starts[1:])] + [end - starts[-1]]
+    # the optimiser step (the whole [N, d] tensor, once per round) is charged once
+    step_start = meter.step_start if meter.step_start is not None else end
+    spans = [b - a for a, b in zip(starts, starts[1:])] + [step_start - starts[-1]]
     before = starts[0] - start
     if len(rows) >= 2:
         per_receiver = sum(spans[1:]) / sum(rows[1:])
@@ -451,7 +465,7 @@ def _extrapolate_fc(meter: GradientMeter, start: float, end: float, total: int) 
         rate = meter.flops / meter.seconds
     rest = total - rows[0]
     return {
-        "seconds_per_round": before + spans[0] + rest * per_receiver,
+        "seconds_per_round": before + spans[0] + rest * per_receiver + (end - step_start),
         "gradient_seconds_per_round": grad[0] + rest * grad_per_receiver,
         "gradient_gflops": rate / 1e9,
         "first_chunk_seconds": spans[0],
@@ -486,6 +500,7 @@ def worker_fc(spec: dict[str, Any]) -> dict[str, Any]:
     )
     algorithm.snapshot_records = False  # as the experiment runner does
     meter = GradientMeter(fed, flops_per_pair)
+    meter.time_step(algorithm.optimizer)
     first = _section(roof)
     start = time.perf_counter()
     algorithm.step(0)
@@ -656,7 +671,7 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                         "receivers": receivers,
                         # the gradient sweep depends on the chunk size only: once per budget
                         "sweep": index == 0,
-                        "loop_receivers": 4 if scale == "n64" else 2,
+                        "loop_receivers": 8 if scale == "n64" else 2,
                         "pairs": 5,
                     }
                 )

@@ -23,6 +23,16 @@ Rounding: ``(W G)_kj`` sums ``N`` products of length ``d``, each off by about
 ||z_i||`` (at least ``||v_k||``), every squared distance is off by at most about
 ``eps (ROUNDING_SLACK sqrt(d) + N) (||z_j|| + s_k)^2``: its rounding slack, used, as in
 the ``"gram"`` method, to say when a membership was decided by rounding.
+
+Far rows: every centre is a convex combination of its start and points in its
+balls, so its norm stays within ``S = max(||v0_k||, max ||z_i||)`` over the other
+points.  A row with ``||z_j|| >= 2 S / eps`` (a 1e6-sized attack row among gradients
+of norm 1) has products with every centre below one rounding of its own squared
+norm: its distances are ``||z_j||^2 + ||v_k||^2`` to rounding.  When such rows form a
+leading or trailing block (FC orders its senders honest first), only the other rows
+enter the ``N^2 d`` product; the far rows get their squared norms, and the bound
+``2 ||z_j|| S`` is added to their rounding slack.  Should one of them enter a ball
+after all (a radius of its size), the rounds are run again from all products.
 """
 
 from __future__ import annotations
