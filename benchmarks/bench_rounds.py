@@ -786,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--receivers", type=int, default=None,
         help="FC receivers timed per round, extrapolated to all honest ones "
-        "(default: 26 at N = 64, 12 at the Fig. 6 scale; 0: full rounds)",
+        "(default: all at N = 64, 12 at the Fig. 6 scale; 0: full rounds)",
     )
     parser.add_argument("--budgets", type=int, nargs="+", default=[256, 512, 1024], help="FC memory_budget_mb values (1024 is the library default)")
     parser.add_argument(

@@ -133,8 +133,9 @@ def _near_block(z: Tensor, start_norms: Tensor) -> tuple[int, int]:
     in every problem (non-finite, or with a squared norm, as its first
     ``_PROBE_COLUMNS`` coordinates bound it from below, past :func:`_negligible`'s
     bound for the larger of the centres' largest squared norm ``start_norms[B]`` and
-    a guess of the other rows').  Every centre is a convex combination of its start and the points in its
-    balls (eq. 24), so its norm stays within ``S = max(||v0_k||, max ||z_near||)``."""
+    a guess of the other rows').  Every centre is a convex combination of its start
+    and the points in its balls (eq. 24), so its norm stays within
+    ``S = max(||v0_k||, max ||z_near||)``."""
     n, dim = z.shape[1], z.shape[-1]
     partial = _squared_lengths(z[..., : min(dim, _PROBE_COLUMNS)])  # [B, N], at most ||z_j||^2
     guess = partial.nanmedian(-1).values * (dim / min(dim, _PROBE_COLUMNS)) * _NEAR_GUESS_MARGIN
