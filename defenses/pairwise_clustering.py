@@ -80,7 +80,7 @@ def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -
     :func:`_near_block`; e.g. 1e6-sized attack rows) get only their squared norms:
     their products with the other rows and the centres are below the rounding of
     their own squared norms, so the ``N^2 d`` product shrinks to the near block's
-    (52 of 64 rows: 7.3 against 9.2 ms per problem on MLP gradients)."""
+    (52 of 64 rows of d = 159,010: 7.0-8.0 against 8.7-10.2 ms per problem, 13 at once)."""
     start_norms = _rowdot(centres, centres).amax(-1)  # [B]
     lo, hi = _near_block(z, start_norms)
     if (lo, hi) == (0, z.shape[1]):
