@@ -102,10 +102,10 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
 
 
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """``<a_k, b_k>`` over the last dimension, ``[B, K]``: one batched ``[1, d] x [d, 1]``
-    product per row, with ``b``'s rows as transposed ``[1, d]`` views, the layout of
-    :func:`defenses.threshold_clustering.squared_norms`.  MKL sums that layout in
-    blocks: relative error 1.2e-5 against float64 on ``1e6 + 200 randn`` rows of
+    """``<a_k, b_k>`` over the last dimension, shaped ``a.shape[:-1]`` (with ``a = b``:
+    the squared norms of :func:`defenses.threshold_clustering.squared_norms`).  One
+    batched ``[1, d] x [d, 1]`` product per row, with ``b``'s rows as transposed
+    ``[1, d]`` views.  MKL sums that layout in blocks: relative error 1.2e-5 against float64 on ``1e6 + 200 randn`` rows of
     159,010, where ``einsum`` (and the same product with ``b`` as ``[d, 1]`` columns)
     summed to 1.7e-3, past the rounding slack of the inner-product evaluations; and
     1.7-2.2 against 5.0-5.3 ms for 52 such pairs.  ``linalg.vecdot`` multiplies into a

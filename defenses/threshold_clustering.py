@@ -75,8 +75,7 @@ class ClusteringResult:
 def squared_norms(points: Tensor) -> Tensor:
     """``||z_j||^2`` for every row, ``[..., N]``, by one batched self-dot (no ``[N, d]``
     temporary).  NaN/Inf coordinates give NaN/Inf; an overflowing sum gives Inf."""
-    flat = points.reshape(-1, 1, points.shape[-1])
-    return torch.bmm(flat, flat.transpose(1, 2)).reshape(points.shape[:-1])
+    return _rowdot(points, points)
 
 
 def admissible_points(points: Tensor) -> Tensor:

@@ -856,7 +856,7 @@ def test_pairwise_leaves_out_far_rows_products_and_clusters_as_with_all(seed, ne
         torch.testing.assert_close(products.gram[0].diagonal()[products.far].double(), (far_rows * far_rows).sum(-1), rtol=1e-4, atol=0)
     admissible = torch.ones(1, n, dtype=torch.bool)
     left_out = pc.run_pairwise(z, v0, admissible, products, starts, policy, 6, True)
-    every = pc.run_pairwise(z, v0, admissible, pc.PairwiseProducts(*pc._all_products(z, v0, starts)), starts, policy, 6, True)
+    every = pc.run_pairwise(z, v0, admissible, pc.PairwiseProducts(*pc._all_products(z, v0, starts), products.start_norms), starts, policy, 6, True)
     assert torch.equal(left_out[1], every[1])
     torch.testing.assert_close(left_out[2], every[2], rtol=1e-5, atol=0)
     torch.testing.assert_close(left_out[0], every[0], rtol=1e-4, atol=1e-6)
