@@ -200,11 +200,31 @@ class _ServerClustering(Algorithm):
         # [N, d] buffers reused every round (fresh ones cost page faults): own
         # gradients, delivered messages, and the centre each client applies.
         self._buffers: dict[str, Tensor] = {}
+        # K free rows just ahead of each buffer, by the buffer's address (see _buffer)
+        self._centre_slots: dict[int, Tensor] = {}
 
     def _buffer(self, name: str) -> Tensor:
         if name not in self._buffers:
-            self._buffers[name] = torch.zeros_like(self.models)
+            self._buffers[name] = self._rows_with_centre_slot()
         return self._buffers[name]
+
+    def _rows_with_centre_slot(self) -> Tensor:
+        """A zeroed ``[N, d]`` buffer whose storage keeps ``K`` free rows just ahead
+        of it.  When it is clustered, :meth:`_cluster` puts the starting centres there,
+        and the pairwise evaluation then takes their products with the points in the
+        points' own Gram product (:func:`defenses.pairwise_clustering._stacked_ahead`)."""
+        whole = self.models.new_zeros(self.k + self.models.shape[0], self.models.shape[1])
+        rows = whole[self.k :]
+        self._centre_slots[rows.data_ptr()] = whole[: self.k]
+        return rows
+
+    def _centres_in_slot(self, received: Tensor, centres: Tensor) -> Tensor:
+        """``centres``, copied into the free rows ahead of ``received`` when it is one
+        of this algorithm's buffers (else returned as they are)."""
+        slot = self._centre_slots.get(received.data_ptr())
+        if slot is None or received.shape != self.models.shape or centres.shape != slot.shape:
+            return centres
+        return slot.copy_(centres)
 
     def _own_gradients(self, into: Tensor | None = None, blend: float | None = None) -> Tensor:
         """``g_i(x_i)`` of every client this round, in a reused buffer (or blended into
@@ -233,6 +253,8 @@ class _ServerClustering(Algorithm):
         if centres is None or not self.params.warm_start:
             centres = self._initial_centres(received, generator)
         method = self.params.distance_method(received)
+        if method == "pairwise":
+            centres = self._centres_in_slot(received, centres)
         result = threshold_clustering(
             received, centres, self.policy, self.params.clustering_rounds, method=method, nearest=True
         )
@@ -321,7 +343,7 @@ class MomentumClustering(_ServerClustering):
 
     def __init__(self, federation: Federation, params: MomentumClusteringParams) -> None:
         super().__init__(federation, params)
-        self.momenta = torch.zeros_like(self.models)
+        self.momenta = self._rows_with_centre_slot()
 
     def step(self, round_index: int) -> RoundRecord:
         alpha = self.params.alpha

@@ -912,3 +912,94 @@ def test_pairwise_leaves_out_non_finite_trailing_rows(bad):
     direct = threshold_clustering(points, torch.tensor([0]), policy, 4, method="direct")
     assert not bool(result.inside[:, 16:].any()) and torch.equal(result.inside, direct.inside)
     torch.testing.assert_close(result.centres, direct.centres, rtol=1e-5, atol=1e-6)
+
+
+@FAST
+@given(
+    seed=seeds,
+    b=st.integers(1, 3),
+    lead=st.integers(0, 4),
+    n=st.integers(1, 70),
+    d=st.sampled_from([3, 200, 1500]),
+    bad=st.sampled_from([None, math.nan, math.inf]),
+)
+def test_gram_and_leading_rows_match_float64_products(seed, b, lead, n, d, bad):
+    """The Gram product of the last ``n`` rows (the columns past the last multiple of
+    16 taken apart on the CPU) and the leading rows' products with them are the
+    float64 products to float32 rounding, the Gram matrix is symmetric, and a
+    non-finite row spoils only its own row and column."""
+    pc = sys.modules["defenses.pairwise_clustering"]
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(b, lead + n, d, generator=g)
+    spoiled = None
+    if bad is not None:
+        spoiled = int(torch.randint(0, lead + n, (1,), generator=g))
+        rows[:, spoiled, 0] = bad
+    gram, lead_products = pc._gram_and_leading_rows(rows, n)
+    both = torch.bmm(rows.double(), rows[:, lead:].double().transpose(1, 2))
+    assert gram.shape == (b, n, n) and lead_products.shape == (b, lead, n)
+    good = torch.ones(lead + n, dtype=torch.bool)
+    if spoiled is not None:
+        good[spoiled] = False
+        assert not bool(torch.cat([lead_products, gram], 1)[:, spoiled].isfinite().any())
+        if spoiled >= lead:
+            assert not bool(gram[..., spoiled - lead].isfinite().any())
+    kept = both[:, good][..., good[lead:]]
+    computed = torch.cat([lead_products, gram], 1)[:, good][..., good[lead:]]
+    assert bool(computed.isfinite().all())
+    largest = float(rows[:, good].double().square().sum(-1).amax()) if bool(good.any()) else 0.0
+    tolerance = 4 * torch.finfo(torch.float32).eps * math.sqrt(d) * largest
+    torch.testing.assert_close(computed.double(), kept, rtol=0, atol=tolerance)
+    finite = gram[:, good[lead:]][..., good[lead:]]
+    torch.testing.assert_close(finite, finite.transpose(1, 2), rtol=0, atol=tolerance)
+
+
+def centres_stacked_ahead(points: torch.Tensor, centres: torch.Tensor):
+    """``(points, centres)`` copied into one ``[K + N, d]`` buffer, the centres first:
+    the layout Momentum-Clustering keeps for its warm-started centres."""
+    whole = torch.cat([centres, points])
+    return whole[centres.shape[0] :], whole[: centres.shape[0]]
+
+
+@FAST
+@given(
+    seed=seeds,
+    near=st.integers(8, 40),
+    trail=st.integers(0, 6),
+    d=st.sampled_from([50, 3000]),
+    k=st.integers(1, 4),
+    q=st.floats(0.1, 0.6),
+    name=st.sampled_from(["quantile", "fixed", "cd"]),
+)
+def test_pairwise_with_centres_stored_ahead_clusters_as_with_separate_centres(seed, near, trail, d, k, q, name):
+    """Centres whose rows lie in the points' buffer just ahead of them get their
+    products with the points from the Gram product itself.  The run equals the one
+    with the same centres held apart (memberships and radii exactly, centres to
+    rounding), with or without trailing attack rows left out of the product."""
+    pc = sys.modules["defenses.pairwise_clustering"]
+    points, index = far_row_problem(seed, near, 0, trail, d, k)
+    n = points.shape[0]
+    avoid_rounding_ties("quantile", q, n)
+    g = torch.Generator().manual_seed(seed)
+    centres = points[index] + 0.002 * torch.randn(k, d, generator=g)
+    policy = policy_from(name, 0.5 * 0.01 * math.sqrt(d), q)
+    ahead_points, ahead_centres = centres_stacked_ahead(points, centres)
+    assert pc._stacked_ahead(ahead_centres.unsqueeze(0), ahead_points.unsqueeze(0)) is not None
+    assert pc._stacked_ahead(centres.unsqueeze(0), points.unsqueeze(0)) is None
+    apart = threshold_clustering(points, centres, policy, 6, method="pairwise", nearest=True)
+    ahead = threshold_clustering(ahead_points, ahead_centres, policy, 6, method="pairwise", nearest=True)
+    assert torch.equal(ahead.inside, apart.inside) and torch.equal(ahead.nearest, apart.nearest)
+    torch.testing.assert_close(ahead.radius, apart.radius, rtol=1e-5, atol=0)
+    torch.testing.assert_close(ahead.centres, apart.centres, rtol=1e-4, atol=1e-6)
+    assert torch.equal(ahead_centres, centres)  # the stored centres are read, not moved
+
+
+def test_stacked_ahead_needs_the_rows_right_before_the_points():
+    """Only centres ending exactly where the points begin, in one buffer, are joined."""
+    pc = sys.modules["defenses.pairwise_clustering"]
+    whole = torch.randn(1, 12, 30)
+    assert pc._stacked_ahead(whole[:, :3], whole[:, 3:]) is not None
+    assert pc._stacked_ahead(whole[:, :2], whole[:, 3:]) is None  # a row between them
+    assert pc._stacked_ahead(whole[:, 3:5], whole[:, 3:]) is None  # overlapping
+    assert pc._stacked_ahead(whole[:, :3, :20], whole[:, 3:, :20]) is None  # rows not contiguous
+    assert pc._stacked_ahead(whole[:, :3].double(), whole[:, 3:].double()) is None  # copies
