@@ -672,7 +672,8 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                         # the gradient sweep depends on the chunk size only: once per budget
                         "sweep": index == 0,
                         "loop_receivers": 8 if scale == "n64" else 2,
-                        "pairs": 5,
+                        # paired rounds; N = 64 rounds are cheap, so more pairs steady the median
+                        "pairs": 9 if scale == "n64" else 5,
                     }
                 )
         for method in methods:
@@ -681,7 +682,9 @@ def plan(quick: bool, receivers: int, budgets: list[int], methods: list[str]) ->
                     "algorithm": "mc",
                     "scale": scale,
                     "method": method,
-                    "rounds": 5,  # the first rounds after seeding cost more: time several
+                    # paired rounds (the first rounds after seeding cost more: time
+                    # several); at N = 64 a pair takes about 1 s, so more steady the median
+                    "rounds": 15 if scale == "n64" else 7,
                 }
             )
     return specs
