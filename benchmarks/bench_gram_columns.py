@@ -8,9 +8,11 @@ Run from the repository root::
     python benchmarks/bench_gram_columns.py --dim 20000 --out FILE
 
 Part 1 times a batched float32 product of ``R`` rows with ``m`` of them as columns
-(``[B, R, d] x [B, d, m]``) for a grid of ``R`` and ``m``, in milliseconds per problem.
+(``[B, R, d] x [B, d, m]``, B = 4 distinct problems) for a grid of ``R`` and ``m``, in
+milliseconds per problem.
 Part 2 times the Gram product as the library takes it (split) against one product
-(``_unaligned_columns`` forced to 0), alternating the two in the same process, for the
+(``_unaligned_columns`` forced to 0), alternating the two (and which goes first) in the
+same process, for the
 shapes the library meets: FC at N = 64 (13 problems of 52 rows), MC at N = 64 (4 centres
 ahead of 52 rows), FC's MNIST subgroups (13 problems of 19 rows) and a few more.  Every
 figure is a median over ``--repeats`` calls; the machine's other tenants move single
@@ -53,13 +55,13 @@ def seconds(call: Callable[[], object]) -> float:
 def column_grid(dim: int, repeats: int) -> list[dict[str, float]]:
     """Milliseconds per problem of ``[B, R, d] x [B, d, m]`` for the grid, the cells
     taken in turn ``repeats`` times so that load drifts reach all of them alike."""
-    rows = torch.randn(max(GRID_ROWS) + max(GRID_COLUMNS), dim)
+    rows = torch.randn(GRID_PROBLEMS, max(GRID_ROWS) + max(GRID_COLUMNS), dim)  # distinct problems
     samples: dict[tuple[int, int], list[float]] = {}
     for _ in range(repeats):
         for r in GRID_ROWS:
             for m in GRID_COLUMNS:
-                left = rows[:r].expand(GRID_PROBLEMS, -1, -1)
-                right = rows[-m:].T.expand(GRID_PROBLEMS, -1, -1)
+                left = rows[:, :r]
+                right = rows[:, -m:].transpose(1, 2)
                 torch.bmm(left, right)  # warm
                 samples.setdefault((r, m), []).append(seconds(lambda: torch.bmm(left, right)) / GRID_PROBLEMS)
     return [
@@ -77,12 +79,18 @@ def split_against_one_product(dim: int, repeats: int) -> list[dict[str, float]]:
     for problems, lead, n in SPLIT_CASES:
         rows = torch.randn(problems, lead + n, dim)
         split, single = [], []
+        def timed(columns_apart: Callable[[int, torch.device], int]) -> float:
+            module._unaligned_columns = columns_apart
+            return seconds(lambda: module._gram_and_leading_rows(rows, n))
+
         try:
-            for _ in range(repeats):
-                module._unaligned_columns = aligned
-                split.append(seconds(lambda: module._gram_and_leading_rows(rows, n)))
-                module._unaligned_columns = lambda count, device: 0
-                single.append(seconds(lambda: module._gram_and_leading_rows(rows, n)))
+            for repeat in range(repeats):  # the two in turn, which one first alternating
+                if repeat % 2:
+                    single.append(timed(lambda count, device: 0))
+                    split.append(timed(aligned))
+                else:
+                    split.append(timed(aligned))
+                    single.append(timed(lambda count, device: 0))
         finally:
             module._unaligned_columns = aligned
         results.append({

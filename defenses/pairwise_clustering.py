@@ -138,10 +138,10 @@ def _gram_and_leading_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
     On the CPU, MKL's float32 product costs about the same for any number of columns
     within a multiple of 16 (for 52 rows of d = 159,010: 4.6 ms for 32 columns,
-    5.5-5.6 for 40 and 48, 6.7 for 52, 56 and 64), so the columns past the last
-    multiple of 16 (:func:`_unaligned_columns`) are taken apart: a product of the
-    rows with the aligned columns, one of the rows up to those columns with them, and
-    the rest by symmetry.  Per problem, 5.96 against 6.99 ms for 13 problems of 52
+    5.5-5.6 for 40 and 48, 6.7 for 52, 56 and 64), so the first ``n mod 16`` columns
+    (:func:`_unaligned_columns`) are taken apart and the others, a multiple of 16,
+    go in one product with all rows; the first columns' products with the rows up to
+    them take a small product, and the rest follows by symmetry.  Per problem, 5.96 against 6.99 ms for 13 problems of 52
     rows, 6.9 against 7.8 ms for 4 + 52 rows, 1.3 against 2.2 ms for 13 of 19 rows."""
     lead = rows.shape[1] - n
     points = rows[:, lead:]
@@ -158,8 +158,8 @@ def _gram_and_leading_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 
 def _unaligned_columns(n: int, device: torch.device) -> int:
-    """How many of ``n`` Gram columns :func:`_gram_and_leading_rows` takes apart:
-    those past the last multiple of 16, on the CPU when there is such a multiple."""
+    """How many of ``n`` Gram columns :func:`_gram_and_leading_rows` takes apart
+    (``n mod 16``, leaving a multiple of 16), on the CPU when ``n > 16``."""
     if device.type != "cpu" or n <= 16:
         return 0
     return n % 16
@@ -170,10 +170,16 @@ def _stacked_ahead(centres: Tensor, z: Tensor) -> Tensor | None:
     when, in every problem, the centres' rows lie in the same buffer directly before
     the points' rows (all rows contiguous); else ``None``."""
     k, dim = centres.shape[1], z.shape[-1]
-    if k == 0 or centres.dtype != z.dtype or centres.device != z.device:
+    if k == 0 or centres.shape[-1] != dim or centres.shape[0] != z.shape[0]:
+        return None
+    if centres.dtype != z.dtype or centres.device != z.device:
         return None
     if centres.untyped_storage().data_ptr() != z.untyped_storage().data_ptr():
         return None
+    if any(t.is_neg() or t.is_conj() for t in (centres, z)):  # lazy views of the storage
+        return None
+    if torch.is_grad_enabled() and (centres.requires_grad or z.requires_grad):
+        return None  # a view of the storage would cut the centres off the graph
     for rows in (centres, z):
         if rows.stride(-1) != 1 or (rows.shape[-2] > 1 and rows.stride(-2) != dim):
             return None

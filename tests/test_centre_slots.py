@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import attacks
-from defenses import build
+from defenses import build, pairwise_clustering
 from robust_pfl import ClientData, Federation, mlp
 
 K = 3
@@ -17,7 +17,7 @@ K = 3
 
 def _federation(attack: str) -> Federation:
     g = torch.Generator().manual_seed(4)
-    clients, samples = 12, 6
+    clients, samples = 21, 6  # more than 16 points: the Gram product is split too
     data = ClientData(
         torch.rand(clients, samples, 20, generator=g, dtype=torch.float64),
         torch.randint(0, 3, (clients, samples), generator=g),
@@ -31,21 +31,24 @@ def _federation(attack: str) -> Federation:
     )
 
 
-def _run(name: str, attack: str, use_slots: bool, rounds: int = 5):
+def _run(name: str, attack: str, use_slots: bool, rounds: int = 5, monkeypatch=None):
+    """The algorithm after ``rounds`` rounds, and for each clustering whether the
+    pairwise evaluation joined the centres to the points (``use_slots``; needs
+    ``monkeypatch`` to spy on the evaluation)."""
     fed = _federation(attack)
     algorithm = build(name, fed, {"lr": 0.05, "radius": {"policy": "quantile", "q": 0.3}, "method": "pairwise"})
-    joined = []
+    joined: list[bool] = []
     if not use_slots:
         algorithm._centres_in_slot = lambda received, centres: centres
-    else:
-        original = algorithm._centres_in_slot
+    elif monkeypatch is not None:
+        original = pairwise_clustering._stacked_ahead
 
-        def spy(received, centres):
-            placed = original(received, centres)
-            joined.append(placed is not centres)
-            return placed
+        def spy(centres, z):
+            view = original(centres, z)
+            joined.append(view is not None)
+            return view
 
-        algorithm._centres_in_slot = spy
+        monkeypatch.setattr(pairwise_clustering, "_stacked_ahead", spy)
     for t in range(rounds):
         algorithm.step(t)
     return algorithm, joined
@@ -53,11 +56,13 @@ def _run(name: str, attack: str, use_slots: bool, rounds: int = 5):
 
 @pytest.mark.parametrize("name", ["mc", "myopic"])
 @pytest.mark.parametrize("attack", ["large_gradient", "alie"])
-def test_centre_slots_change_no_result(name, attack):
-    """With the centres in the slot ahead of the received rows (every round, for an
-    attack that overwrites its rows unread and for one that reads them) the models,
-    centres and assignments are those of the run with the centres held apart."""
-    slotted, joined = _run(name, attack, use_slots=True)
+def test_centre_slots_change_no_result(name, attack, monkeypatch):
+    """With the centres in the slot ahead of the received rows, the pairwise
+    evaluation joins them to the points in every round (for an attack that overwrites
+    its rows unread and for one that reads them), and the models, centres and
+    assignments are those of the run with the centres held apart."""
+    slotted, joined = _run(name, attack, use_slots=True, monkeypatch=monkeypatch)
+    monkeypatch.undo()
     apart, _ = _run(name, attack, use_slots=False)
     assert joined and all(joined)
     torch.testing.assert_close(slotted.client_models(), apart.client_models(), rtol=1e-12, atol=1e-12)

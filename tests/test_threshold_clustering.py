@@ -986,20 +986,45 @@ def test_pairwise_with_centres_stored_ahead_clusters_as_with_separate_centres(se
     ahead_points, ahead_centres = centres_stacked_ahead(points, centres)
     assert pc._stacked_ahead(ahead_centres.unsqueeze(0), ahead_points.unsqueeze(0)) is not None
     assert pc._stacked_ahead(centres.unsqueeze(0), points.unsqueeze(0)) is None
-    apart = threshold_clustering(points, centres, policy, 6, method="pairwise", nearest=True)
-    ahead = threshold_clustering(ahead_points, ahead_centres, policy, 6, method="pairwise", nearest=True)
-    assert torch.equal(ahead.inside, apart.inside) and torch.equal(ahead.nearest, apart.nearest)
+    apart = threshold_clustering(points, centres, policy, 6, method="pairwise", final_distances=True, nearest=True)
+    ahead = threshold_clustering(ahead_points, ahead_centres, policy, 6, method="pairwise", final_distances=True, nearest=True)
+    assert torch.equal(ahead.inside, apart.inside)
     torch.testing.assert_close(ahead.radius, apart.radius, rtol=1e-5, atol=0)
     torch.testing.assert_close(ahead.centres, apart.centres, rtol=1e-4, atol=1e-6)
+    # the nearest centre: the same one, up to ties (centres whose balls hold the same
+    # points coincide, and rounding then picks among them)
+    chosen = apart.distances.gather(0, ahead.nearest.unsqueeze(0))[0]
+    torch.testing.assert_close(chosen, apart.distances.amin(0), rtol=1e-5, atol=1e-6)
     assert torch.equal(ahead_centres, centres)  # the stored centres are read, not moved
 
 
 def test_stacked_ahead_needs_the_rows_right_before_the_points():
-    """Only centres ending exactly where the points begin, in one buffer, are joined."""
+    """Only centres ending exactly where the points begin, in one buffer, are joined,
+    and the joined view is exactly the centres followed by the points."""
     pc = sys.modules["defenses.pairwise_clustering"]
-    whole = torch.randn(1, 12, 30)
-    assert pc._stacked_ahead(whole[:, :3], whole[:, 3:]) is not None
+    whole = torch.randn(2, 12, 30)
+    joined = pc._stacked_ahead(whole[:, :3], whole[:, 3:])
+    assert joined is not None and torch.equal(joined, whole)
+    one = torch.randn(9, 30)
+    assert torch.equal(pc._stacked_ahead(one[None, :1], one[None, 1:]), one[None])  # K = 1
     assert pc._stacked_ahead(whole[:, :2], whole[:, 3:]) is None  # a row between them
     assert pc._stacked_ahead(whole[:, 3:5], whole[:, 3:]) is None  # overlapping
     assert pc._stacked_ahead(whole[:, :3, :20], whole[:, 3:, :20]) is None  # rows not contiguous
     assert pc._stacked_ahead(whole[:, :3].double(), whole[:, 3:].double()) is None  # copies
+    assert pc._stacked_ahead(whole[:1, :3], whole[1:, 3:]) is None  # another problem's rows
+    assert pc._stacked_ahead(whole[:, :3], whole[:, 3:]._neg_view()) is None  # a lazy negation
+    flat = torch.randn(8, 6)
+    assert pc._stacked_ahead(flat[None, :2, :4], flat[None, 2:]) is None  # other dimension
+
+
+def test_stacked_ahead_keeps_the_centres_on_the_autograd_graph():
+    """Centres that need gradients are not read through a view of the storage, which
+    would cut them off the graph: their products come from a product of their own."""
+    pc = sys.modules["defenses.pairwise_clustering"]
+    whole = torch.randn(1, 10, 40, dtype=F64, requires_grad=True)
+    centres, points = whole[:, :2], whole[:, 2:]
+    assert pc._stacked_ahead(centres, points) is None
+    products = pc.pairwise_products(points, centres)
+    products.starts.sum().backward()
+    expected = points.detach()[0].sum(0).expand(2, -1)  # d/dv0_k of sum_j <v0_k, z_j>
+    torch.testing.assert_close(whole.grad[0, :2], expected)
