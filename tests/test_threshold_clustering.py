@@ -922,15 +922,21 @@ def test_pairwise_leaves_out_non_finite_trailing_rows(bad):
     n=st.integers(1, 70),
     d=st.sampled_from([3, 200, 1500]),
     bad=st.sampled_from([None, math.nan, math.inf]),
+    layout=st.sampled_from(["contiguous", "transposed", "sliced"]),
 )
-def test_gram_and_leading_rows_match_float64_products(seed, b, lead, n, d, bad):
-    """The Gram product of the last ``n`` rows (the columns past the last multiple of
-    16 taken apart on the CPU) and the leading rows' products with them are the
-    float64 products to float32 rounding, the Gram matrix is symmetric, and a
-    non-finite row spoils only its own row and column."""
+def test_gram_and_leading_rows_match_float64_products(seed, b, lead, n, d, bad, layout):
+    """The Gram product of the last ``n`` rows (``n mod 16`` columns taken apart on
+    the CPU) and the leading rows' products with them are the float64 products to
+    float32 rounding, for contiguous and strided rows alike; the Gram matrix is
+    symmetric, and a non-finite row spoils only its own row and column."""
     pc = sys.modules["defenses.pairwise_clustering"]
     g = torch.Generator().manual_seed(seed)
-    rows = torch.randn(b, lead + n, d, generator=g)
+    if layout == "transposed":
+        rows = torch.randn(b, d, lead + n, generator=g).transpose(1, 2)
+    elif layout == "sliced":
+        rows = torch.randn(b, lead + n, d + 3, generator=g)[..., 2 : d + 2]
+    else:
+        rows = torch.randn(b, lead + n, d, generator=g)
     spoiled = None
     if bad is not None:
         spoiled = int(torch.randint(0, lead + n, (1,), generator=g))
