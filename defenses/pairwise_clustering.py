@@ -141,8 +141,9 @@ def _gram_and_leading_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
     5.5-5.6 for 40 and 48, 6.7 for 52, 56 and 64), so the first ``n mod 16`` columns
     (:func:`_unaligned_columns`) are taken apart and the others, a multiple of 16,
     go in one product with all rows; the first columns' products with the rows up to
-    them take a small product, and the rest follows by symmetry.  Per problem, 5.96 against 6.99 ms for 13 problems of 52
-    rows, 6.9 against 7.8 ms for 4 + 52 rows, 1.3 against 2.2 ms for 13 of 19 rows."""
+    them take a small product, and the rest follows by symmetry.  Per problem, 5.96
+    against 6.99 ms for 13 problems of 52 rows, 6.9 against 7.8 ms for 4 + 52 rows,
+    1.3 against 2.2 ms for 13 of 19 rows."""
     lead = rows.shape[1] - n
     points = rows[:, lead:]
     split = _unaligned_columns(n, rows.device)

@@ -105,10 +105,11 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
     """``<a_k, b_k>`` over the last dimension, shaped ``a.shape[:-1]`` (with ``a = b``:
     the squared norms of :func:`defenses.threshold_clustering.squared_norms`).  One
     batched ``[1, d] x [d, 1]`` product per row, with ``b``'s rows as transposed
-    ``[1, d]`` views.  MKL sums that layout in blocks: relative error 1.2e-5 against float64 on ``1e6 + 200 randn`` rows of
-    159,010, where ``einsum`` (and the same product with ``b`` as ``[d, 1]`` columns)
-    summed to 1.7e-3, past the rounding slack of the inner-product evaluations; and
-    1.7-2.2 against 5.0-5.3 ms for 52 such pairs.  ``linalg.vecdot`` multiplies into a
+    ``[1, d]`` views.  MKL sums that layout in blocks: relative error 1.2e-5 against
+    float64 on ``1e6 + 200 randn`` rows of 159,010, where ``einsum`` (and the same
+    product with ``b`` as ``[d, 1]`` columns) summed to 1.7e-3, past the rounding slack
+    of the inner-product evaluations; and 1.7-2.2 against 5.0-5.3 ms for 52 such
+    pairs.  ``linalg.vecdot`` multiplies into a
     fresh ``[B, K, d]`` tensor first (page faults: measured 2-5x slower in a round)."""
     d = a.shape[-1]
     rows = torch.bmm(a.reshape(-1, 1, d), b.reshape(-1, 1, d).transpose(1, 2))
