@@ -1,7 +1,11 @@
-"""Theory checks (estimators of A, D, Delta, sigma, L and statement checks).
+"""Theory checks for Werner et al., "Provably Personalized and Robust Federated
+Learning": estimators of the constants A, D, Delta, sigma, L, mu from real runs
+(:mod:`theory_checks.estimators`), the bounds as functions of those constants
+(:mod:`theory_checks.bounds`), the paper's statements as machine checks
+(:mod:`theory_checks.statements`), scaling studies (:mod:`theory_checks.scaling`)
+and the Markdown report (:mod:`theory_checks.report`).
 
-Planned as their own issue.  The engine already exposes what they need: every round's
-:class:`robust_pfl.types.RoundRecord` carries the per-client gradients, momenta and
-updates, and :class:`robust_pfl.federation.Federation` evaluates ``g_j(x_i)`` for any
-set of models.  Nothing is implemented here yet.
+Dependency direction: this package reads the core (:mod:`robust_pfl`) and
+:mod:`defenses`; only the composition root (``robust_pfl.cli``,
+``robust_pfl.experiments``, the recipes) imports it.
 """

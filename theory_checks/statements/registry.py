@@ -1,0 +1,64 @@
+"""The registry of Werner et al.'s statements and how a check is run.
+
+A :class:`Statement` names the claim, where the paper makes it, what kind of claim it
+is, and a checker ``check(budget) -> CheckResult``.  ``budget`` says how hard to look
+(``"quick"``: the report's ``--quick`` mode, under 5 minutes for all statements
+together; ``"full"``: under 30).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from theory_checks.types import CheckResult
+
+Kind = Literal["exact", "up_to_constant", "false_as_printed", "corrected"]
+Budget = Literal["quick", "full"]
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One checkable claim.
+
+    Attributes:
+        name: registry key (``"lemma1-max"``).
+        source: where the paper states it (``"Lemma 1, eq. (19)"``).
+        claim: the claim in one line, as the paper states it (or as corrected).
+        kind: ``exact`` (must hold on every instance), ``up_to_constant`` (a bound with
+            a hidden constant: fit it and the scaling exponents), ``false_as_printed``
+            (the check must find a counterexample) or ``corrected`` (our fix of a false
+            statement; must hold).
+        check: runs the check within ``budget``.
+    """
+
+    name: str
+    source: str
+    claim: str
+    kind: Kind
+    check: Callable[[Budget], CheckResult]
+
+
+STATEMENTS: dict[str, Statement] = {}
+
+
+def register(name: str, source: str, claim: str, kind: Kind) -> Callable[[Callable[[Budget], CheckResult]], Callable[[Budget], CheckResult]]:
+    """Decorator: ``@register("lemma7", "Lemma 7, eq. (124)", "...", "exact")`` on a
+    ``check(budget) -> CheckResult`` adds it to :data:`STATEMENTS`."""
+
+    def add(check: Callable[[Budget], CheckResult]) -> Callable[[Budget], CheckResult]:
+        if name in STATEMENTS:
+            raise ValueError(f"statement {name!r} is registered twice")
+        STATEMENTS[name] = Statement(name, source, claim, kind, check)
+        return check
+
+    return add
+
+
+def run_checks(budget: Budget = "quick", names: list[str] | None = None) -> dict[str, CheckResult]:
+    """Run the named checks (all registered ones by default), in registry order."""
+    chosen = list(STATEMENTS) if names is None else names
+    unknown = [name for name in chosen if name not in STATEMENTS]
+    if unknown:
+        raise ValueError(f"unknown statements {unknown}; registered: {sorted(STATEMENTS)}")
+    return {name: STATEMENTS[name].check(budget) for name in chosen}

@@ -1,0 +1,121 @@
+"""Result types shared by the estimators, the bound fits and the statement checks.
+
+Every estimate carries what it was computed from (the arg-max or arg-min instance and
+the sample size), so a researcher can look at the client or pair that decided it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Extreme = Literal["max", "min", "value"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One estimated constant.
+
+    Attributes:
+        name: which constant (``"A2"``, ``"Delta2"``, ``"sigma2"``, ``"L"``, ...).
+        value: the estimate (``inf`` / ``nan`` only where the definition gives them).
+        extreme: ``"max"`` / ``"min"`` when ``value`` is the largest / smallest of
+            ``samples`` candidates (sup- or inf-type constants), ``"value"`` otherwise.
+        samples: how many candidates (clients, pairs, points, models) it ran over.
+        where: the instance that decided it, e.g. ``{"model": 3, "client": 7}``.
+        details: anything else worth keeping (per-client values as lists, ...).
+    """
+
+    name: str
+    value: float
+    extreme: Extreme = "value"
+    samples: int = 1
+    where: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def combined(self, other: "Estimate") -> "Estimate":
+        """The estimate over both candidate sets (``max`` / ``min`` estimates only; a
+        chunked evaluation combines its chunks with this)."""
+        if self.name != other.name or self.extreme != other.extreme or self.extreme == "value":
+            raise ValueError(f"cannot combine {self.name}/{self.extreme} with {other.name}/{other.extreme}")
+        pick_other = _better(other.value, self.value, self.extreme)
+        best = other if pick_other else self
+        return Estimate(
+            self.name, best.value, self.extreme, self.samples + other.samples, dict(best.where), dict(best.details)
+        )
+
+
+def _better(candidate: float, current: float, extreme: Extreme) -> bool:
+    """Whether ``candidate`` beats ``current`` for a ``max``/``min`` estimate (NaN never
+    beats a number; a number beats NaN)."""
+    if math.isnan(candidate):
+        return False
+    if math.isnan(current):
+        return True
+    return candidate > current if extreme == "max" else candidate < current
+
+
+@dataclass(frozen=True)
+class FittedConstant:
+    """The smallest constant ``C`` with ``measured <= C * rhs`` on every instance (an
+    upper bound), or the largest ``c`` with ``measured >= c * rhs`` (a lower bound).
+
+    ``ratios`` are ``measured / rhs`` per instance; ``decisive`` the index of the
+    instance that sets the constant."""
+
+    value: float
+    kind: Literal["upper", "lower"]
+    instances: int
+    decisive: int
+    ratios: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """A fitted ``y ~ prefactor * x ** exponent`` (least squares in log-log) with a
+    bootstrap confidence interval ``[low, high]`` for the exponent."""
+
+    exponent: float
+    low: float
+    high: float
+    prefactor: float
+    level: float = 0.95
+    points: int = 0
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+Status = Literal["holds", "holds_with_constant", "fails"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a statement check found.
+
+    * ``holds``: true on every instance tried (``instances``, with ``worst_slack``:
+      the smallest ``rhs - lhs`` or relative margin seen; >= 0 up to rounding).
+    * ``holds_with_constant``: a bound with a hidden constant; ``constant`` is the
+      fitted one, ``exponents`` maps a variable name to ``(fitted PowerLaw, claimed
+      exponent)``.
+    * ``fails``: ``counterexample`` is the smallest instance found (after shrinking),
+      with the two sides of the claim evaluated on it.
+
+    ``evidence`` is one line for the report's table; ``figures`` lists files written.
+    """
+
+    statement: str
+    status: Status
+    instances: int = 0
+    worst_slack: float | None = None
+    constant: FittedConstant | None = None
+    exponents: dict[str, tuple[PowerLaw, float]] = field(default_factory=dict)
+    counterexample: dict[str, Any] | None = None
+    evidence: str = ""
+    figures: tuple[str, ...] = ()
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def disagreements(self) -> list[str]:
+        """Variables whose claimed exponent lies outside the fitted interval."""
+        return [name for name, (law, claimed) in self.exponents.items() if not law.contains(claimed)]
