@@ -153,8 +153,33 @@ class MethodConfig(BaseModel):
         return self.label or self.name
 
 
+THEORY_ESTIMATES = ("A", "Delta", "sigma", "L", "mu", "momentum")
+
+
+class TheoryConfig(_Strict):
+    """Estimates of Werner et al.'s constants recorded along a run (``[theory]``),
+    with the task's oracle clusters and honest clients only (Byzantine rows never
+    enter): ``A`` (Assumption 4, eq. 31), ``Delta`` (Assumption 5 with D = 0, eq. 32),
+    ``sigma`` (Assumption 6, per-sample gradients), ``L`` and ``mu`` (Hessian
+    extremes), ``momentum`` (Assumptions 8-9 on the momenta of methods that send
+    them).  Written to ``history.csv`` as ``theory_*`` metrics every ``every`` rounds."""
+
+    estimate: list[Literal[THEORY_ESTIMATES]] = Field(min_length=1)
+    every: int = Field(10, ge=1, description="rounds between estimates (and round 0, and the last)")
+    power_iterations: int = Field(100, ge=1, description="Hessian power-iteration steps for L and mu")
+    memory_budget_mb: int = Field(256, ge=1, description="working set of the cross gradients")
+
+    @field_validator("estimate")
+    @classmethod
+    def _distinct(cls, value: list[str]) -> list[str]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"estimate must list distinct names from {list(THEORY_ESTIMATES)}, got {value}")
+        return value
+
+
 class ExperimentConfig(_Strict):
-    """One experiment: a task, Byzantine clients and attack, methods, seeds."""
+    """One experiment: a task, Byzantine clients and attack, methods, seeds, and
+    optionally theory estimates recorded along the run."""
 
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
     rounds: int = Field(100, ge=1)
@@ -166,6 +191,7 @@ class ExperimentConfig(_Strict):
     byzantine: ByzantineConfig = Field(default_factory=ByzantineConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     methods: list[MethodConfig] = Field(min_length=1)
+    theory: TheoryConfig | None = None
 
     @field_validator("seeds")
     @classmethod
@@ -180,6 +206,16 @@ class ExperimentConfig(_Strict):
         if any(not 0 <= k < self.task.clusters for k in chosen):
             raise ValueError(
                 f"byzantine.clusters must be cluster indices in [0, {self.task.clusters}), got {chosen}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _separation_needs_clusters(self) -> "ExperimentConfig":
+        wanted = set(self.theory.estimate) if self.theory else set()
+        if wanted & {"Delta", "momentum"} and self.task.clusters < 2:
+            raise ValueError(
+                "theory.estimate: 'Delta' and 'momentum' compare clusters and need task.clusters >= 2, "
+                f"got {self.task.clusters}"
             )
         return self
 

@@ -9,7 +9,7 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from pydantic import ValidationError
@@ -23,6 +23,9 @@ from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.results import ResultTable, write_results
 from robust_pfl.tasks import SyntheticLinearRegression, Task
 from robust_pfl.types import RoundRecord
+
+if TYPE_CHECKING:
+    from theory_checks.tracking import TheoryTracker
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -154,6 +157,9 @@ def run_method(
     evaluation = task.to(federation.device)
     table = ResultTable()
     table.add(method.display, seed, 0, honest_means(evaluation, algorithm))
+    tracker = theory_tracker(config, evaluation)
+    if tracker is not None:
+        table.add(method.display, seed, 0, tracker.measure(algorithm.client_models()))
     redeal = _epoch_redealer(config, task, seed)
     for round_index in range(config.rounds):
         if redeal is not None:
@@ -164,7 +170,26 @@ def run_method(
         done = round_index + 1
         if done % config.eval_every == 0 or done == config.rounds:
             table.add(method.display, seed, done, honest_means(evaluation, algorithm, record))
+        if tracker is not None and tracker.due(done, config.rounds):
+            table.add(method.display, seed, done, tracker.measure(algorithm.client_models(), record))
     return table
+
+
+def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None:
+    """The ``[theory]`` table's tracker for ``task`` (``None`` without the table)."""
+    if config.theory is None:
+        return None
+    from theory_checks.tracking import TheoryTracker  # only runs that ask for estimates load them
+
+    theory = config.theory
+    return TheoryTracker(
+        task,
+        theory.estimate,
+        every=theory.every,
+        batch_size=config.batch_size,
+        power_iterations=theory.power_iterations,
+        memory_budget_mb=theory.memory_budget_mb,
+    )
 
 
 def _epoch_redealer(
