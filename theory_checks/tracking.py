@@ -1,0 +1,122 @@
+"""Estimates of Werner et al.'s constants recorded along any run (the ``[theory]``
+table of a run config).
+
+At every ``every``-th round the tracker evaluates, at the honest clients' current
+models and with the task's oracle clusters:
+
+* ``theory_A2``: Assumption 4's A^2, the largest ratio of eq. (31) over every honest
+  client and every distinct honest model (Assumption 4 holds "for all x");
+* ``theory_Delta2``: Assumption 5's Delta^2 with D = 0, the smallest value of eq. (32)
+  over cross-cluster pairs of honest clients at those models;
+* ``theory_sigma2``: Assumption 6's sigma^2 from per-sample gradients at each client's
+  own model (and ``theory_sigma2_batch``, Lemma 7's value for the run's batch size
+  drawn without replacement);
+* ``theory_L`` / ``theory_mu``: the extreme Hessian eigenvalues of the local losses at
+  the clients' models (power iteration on Hessian-vector products);
+* ``theory_momentum_Delta2`` / ``theory_momentum_sigma2``: Assumptions 8-9 on the
+  momenta a method sends (Momentum-Clustering), when its round record carries them.
+
+Only honest clients' data and models enter, so an attack's rows (NaN, Inf, 1e38) can
+never reach an estimate; full local data gives the true gradients grad f_i.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from robust_pfl.tasks import Task
+from robust_pfl.types import RoundRecord
+from theory_checks.estimators import (
+    batch_noise,
+    gradient_noise,
+    intra_cluster_ratio,
+    momentum_constants,
+    separation,
+    smoothness,
+    strong_convexity,
+)
+from theory_checks.types import Estimate
+
+
+@dataclass
+class TheoryTracker:
+    """Measures the constants named in ``estimate`` for one run (see module docstring).
+
+    Attributes:
+        task: the run's task (on the run's device); its ``train`` split gives the
+            full local losses, its ``cluster_ids`` the oracle clusters.
+        estimate: names from ``A, Delta, sigma, L, mu, momentum``.
+        every: rounds between measurements.
+        batch_size: the run's batch size (``None``: full local data).
+        power_iterations: Hessian power-iteration steps for ``L`` and ``mu``.
+        memory_budget_mb: bound on the cross gradients held at once.
+    """
+
+    task: Task
+    estimate: Sequence[str]
+    every: int = 10
+    batch_size: int | None = None
+    power_iterations: int = 100
+    memory_budget_mb: int = 256
+
+    def __post_init__(self) -> None:
+        self._honest = (~self.task.byzantine).nonzero().squeeze(-1)
+        if self._honest.numel() == 0:
+            raise ValueError("theory estimates need at least one honest client")
+        self._data = self.task.train.select(self._honest)
+        self._clusters = self.task.cluster_ids[self._honest]
+
+    def due(self, done: int, total: int) -> bool:
+        """Whether to measure after ``done`` of ``total`` rounds (round 0 included)."""
+        return done % self.every == 0 or done == total
+
+    def measure(self, models: Tensor, record: RoundRecord | None = None) -> dict[str, float]:
+        """``{metric: value}`` at the clients' ``models[N, d]`` (honest rows are read)."""
+        wanted = set(self.estimate)
+        own = models[self._honest]
+        out: dict[str, float] = {}
+        if wanted & {"A", "Delta"}:
+            ratio, gap = self._gradient_constants(own, "A" in wanted, "Delta" in wanted)
+            if ratio is not None:
+                out["theory_A2"] = ratio.value
+            if gap is not None:
+                out["theory_Delta2"] = gap.value
+        objective = self.task.objective
+        if "sigma" in wanted:
+            noise = gradient_noise(objective, own, self._data)
+            out["theory_sigma2"] = noise.value
+            samples = self._data.inputs.shape[1]
+            if self.batch_size is not None and self.batch_size < samples:
+                out["theory_sigma2_batch"] = float(batch_noise(noise.value, self.batch_size, samples))
+        if "L" in wanted:
+            out["theory_L"] = smoothness(objective, own, self._data, iterations=self.power_iterations).value
+        if "mu" in wanted:
+            out["theory_mu"] = strong_convexity(objective, own, self._data, iterations=self.power_iterations).value
+        if "momentum" in wanted and record is not None and record.momenta is not None:
+            constants = momentum_constants(record.momenta[self._honest], self._clusters)
+            out["theory_momentum_Delta2"] = constants["Delta2"].value
+            out["theory_momentum_sigma2"] = constants["sigma2"].value
+        return out
+
+    def _gradient_constants(
+        self, own: Tensor, ratio: bool, gap: bool
+    ) -> tuple[Estimate | None, Estimate | None]:
+        """A^2 and Delta^2 over the distinct honest models, in chunks of models whose
+        cross gradients ``[m, H, d]`` fit the memory budget."""
+        points = torch.unique(own, dim=0)  # clients sharing a model (GT, IFCA) count once
+        per_model = own.shape[0] * own.shape[1] * own.element_size() * 3  # gradients + temporaries
+        chunk = max(1, (self.memory_budget_mb << 20) // max(per_model, 1))
+        best_ratio = best_gap = None
+        for part in torch.split(points, chunk):
+            gradients = self.task.objective.cross_gradients(part, self._data)
+            if ratio:
+                found = intra_cluster_ratio(gradients, self._clusters)
+                best_ratio = found if best_ratio is None else best_ratio.combined(found)
+            if gap:
+                found = separation(gradients, self._clusters)
+                best_gap = found if best_gap is None else best_gap.combined(found)
+        return best_ratio, best_gap
