@@ -1,0 +1,255 @@
+"""The theory report (theory_checks.report) and ``robust-pfl theory report`` on a fake
+registry: every status and kind, contradictions flagged, exponents that disagree
+called out, scaling figures drawn, strict JSON, and the CLI's exit rule."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import theory_checks.statements  # noqa: F401  registers the real statements before the fake ones replace them
+from robust_pfl import cli
+from theory_checks.report import contradicts_kind, exponent_verdict, write_report
+from theory_checks.statements import registry
+from theory_checks.statements.registry import Statement
+from theory_checks.types import CheckResult, FittedConstant, PowerLaw
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _scaling_rows() -> list[dict]:
+    """error = 3 / n exactly, and error = sigma^2 (a slope 2 the fake claims to be 3)."""
+    rows = [{"variable": "n", "x": n, "repeat": r, "error": 3.0 / n * (1 + 0.01 * r)} for n in (2, 4, 8, 16) for r in range(3)]
+    rows += [{"variable": "sigma", "x": s, "repeat": r, "error": s**2} for s in (0.5, 1.0, 2.0) for r in range(2)]
+    return rows
+
+
+RESULTS = {
+    "exact-holds": CheckResult("exact-holds", "holds", instances=50, worst_slack=0.25, details={"ratio": math.inf}),
+    "exact-fails": CheckResult(
+        "exact-fails", "fails", instances=7, counterexample={"tau": 1.5, "eps": 0.25, "lhs": 2.0, "rhs": math.nan},
+        evidence="a | pipe in the evidence",
+    ),
+    "false-found": CheckResult("false-found", "fails", instances=3, counterexample={"var_y": 0.5625, "var_z": 0.015625}),
+    "false-holds": CheckResult("false-holds", "holds", instances=200, worst_slack=0.0),
+    "corrected-holds": CheckResult("corrected-holds", "holds", instances=40, worst_slack=1e-3),
+    "scaling": CheckResult(
+        "scaling", "holds_with_constant", instances=18,
+        constant=FittedConstant(2.5, "upper", 18, 4, (1.0, 2.5)),
+        exponents={
+            "n": (PowerLaw(-1.02, -1.1, -0.95, 3.0, points=12), -1.0),
+            "sigma": (PowerLaw(2.0, 1.9, 2.1, 1.0, points=6), 3.0),
+        },
+        details={"rows": _scaling_rows()},
+    ),
+    "corrected-fails": CheckResult("corrected-fails", "fails", counterexample={"x": 1}),
+    "bound-fails": CheckResult("bound-fails", "fails", counterexample={"T": 10}),
+}
+KINDS = {
+    "exact-holds": "exact", "exact-fails": "exact", "false-found": "false_as_printed",
+    "false-holds": "false_as_printed", "corrected-holds": "corrected", "scaling": "up_to_constant",
+    "corrected-fails": "corrected", "bound-fails": "up_to_constant",
+}
+CONTRADICTING = {"exact-fails", "false-holds", "corrected-fails"}
+MAIN_SET = ["exact-holds", "exact-fails", "false-found", "false-holds", "corrected-holds", "scaling"]
+
+
+def fake_registry(names: list[str], budgets: list[str] | None = None) -> dict[str, Statement]:
+    """Statements that return the canned results (recording the budget they got)."""
+
+    def checker(name: str):
+        def check(budget):
+            if budgets is not None:
+                budgets.append(budget)
+            return RESULTS[name]
+
+        return check
+
+    return {name: Statement(name, f"Eq. ({i + 1})", f"claim of {name}", KINDS[name], checker(name))
+            for i, name in enumerate(names)}
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("theory")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(registry, "STATEMENTS", fake_registry(MAIN_SET))
+        summary = write_report(out, budget="quick")
+    return out, summary, (out / "theory_report.md").read_text()
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The main table's rows by statement name, split on unescaped pipes."""
+    table = text.split("## Scaling exponents")[0]
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith("| statement"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            rows[cells[0]] = cells
+    return rows
+
+
+def test_table_has_one_row_per_statement_with_six_cells(report):
+    _, _, text = report
+    rows = table_rows(text)
+    assert list(rows) == MAIN_SET  # registry order
+    assert all(len(cells) == 6 for cells in rows.values())  # the pipe in an evidence line is escaped
+    assert "a \\| pipe in the evidence" in text
+
+
+def test_statuses_are_written_as_holds_constant_or_fails(report):
+    rows = table_rows(report[2])
+    assert rows["exact-holds"][3] == "holds"
+    assert rows["exact-fails"][3] == "FAILS"
+    assert rows["scaling"][3] == "holds with constant C = 2.5"
+    assert rows["scaling"][2] == "up_to_constant" and rows["scaling"][1] == "Eq. (6)"
+
+
+def test_evidence_names_instances_slack_constant_and_counterexample(report):
+    rows = table_rows(report[2])
+    assert "50 instances" in rows["exact-holds"][4] and "worst slack 0.25" in rows["exact-holds"][4]
+    assert "upper constant 2.5 over 18 instances" in rows["scaling"][4]
+    assert '"tau": 1.5' in rows["exact-fails"][4]
+
+
+def test_exactly_the_contradictions_are_flagged(report):
+    _, summary, text = report
+    rows = table_rows(text)
+    flagged = {name for name, cells in rows.items() if "CONTRADICTS KIND" in cells[5]}
+    assert flagged == {"exact-fails", "false-holds"}
+    assert set(summary["contradictions"]) == flagged
+
+
+def test_exponent_section_says_disagrees_where_the_claim_is_outside(report):
+    section = report[2].split("## Scaling exponents")[1].split("## Counterexamples")[0]
+    sigma_row = next(line for line in section.splitlines() if line.startswith("| scaling | sigma"))
+    n_row = next(line for line in section.splitlines() if line.startswith("| scaling | n"))
+    assert "DISAGREES (claimed 3 outside [1.9, 2.1])" in sigma_row
+    assert n_row.rstrip(" |").endswith("agrees") and "DISAGREES" not in n_row
+
+
+def test_counterexamples_section_lists_each_failing_statement(report):
+    section = report[2].split("## Counterexamples")[1]
+    headings = re.findall(r"^### (\S+)", section, flags=re.M)
+    assert headings == ["exact-fails", "false-found"]
+    assert '"var_z": 0.015625' in section and '"rhs": "nan"' in section
+
+
+def test_scaling_figure_is_a_png_listed_in_the_report(report):
+    out, summary, text = report
+    assert sorted(p.name for p in out.glob("*.png")) == ["scaling.png"]  # only the result with rows
+    assert (out / "scaling.png").read_bytes()[:8] == PNG_MAGIC
+    assert "[scaling.png](scaling.png)" in text
+    assert summary["paths"]["figures"] == {"scaling": str(out / "scaling.png")}
+
+
+def test_no_temporary_files_are_left(report):
+    out = report[0]
+    assert sorted(p.name for p in out.iterdir()) == ["scaling.png", "theory_report.json", "theory_report.md"]
+
+
+def test_json_is_strict_and_keeps_every_result(report):
+    out, summary, _ = report
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON constant {token}")
+
+    data = json.loads((out / "theory_report.json").read_text(), parse_constant=refuse)
+    assert data["order"] == MAIN_SET and set(data["statements"]) == set(MAIN_SET)
+    assert data["statements"]["exact-holds"]["result"]["details"]["ratio"] == "inf"
+    law = data["statements"]["scaling"]["result"]["exponents"]["sigma"]
+    assert law[0]["exponent"] == 2.0 and law[1] == 3.0
+    assert data["statements"]["false-holds"]["contradicts_kind"] is True
+    assert summary["statuses"]["scaling"] == "holds_with_constant"
+    assert summary["seconds"] >= 0
+
+
+def test_title_names_budget_and_time(report):
+    first = report[2].splitlines()[0]
+    assert re.fullmatch(r"# Theory checks of Werner et al\. \(budget quick, \d+\.\d s\)", first)
+
+
+def test_names_select_the_checks_that_run(tmp_path, monkeypatch):
+    budgets: list[str] = []
+    monkeypatch.setattr(registry, "STATEMENTS", fake_registry(["exact-holds", "false-found"], budgets))
+    summary = write_report(tmp_path, budget="full", names=["false-found"])
+    assert list(summary["statuses"]) == ["false-found"] and budgets == ["full"]
+
+
+@pytest.mark.parametrize(
+    "names, expected",
+    [
+        (["exact-holds", "false-found", "corrected-holds", "bound-fails"], 0),
+        (["exact-holds", "exact-fails"], 1),
+        (["false-found", "false-holds"], 1),
+        (["corrected-holds", "corrected-fails"], 1),
+    ],
+)
+def test_cli_exit_status_follows_the_kinds(tmp_path, monkeypatch, capsys, names, expected):
+    budgets: list[str] = []
+    monkeypatch.setattr(registry, "STATEMENTS", fake_registry(names, budgets))
+    code = cli.main(["theory", "report", "--quick", "--out", str(tmp_path)])
+    assert code == expected
+    assert budgets == ["quick"] * len(names)
+    printed = capsys.readouterr().out
+    for name in names:
+        line = next(line for line in printed.splitlines() if line.split()[:1] == [name])
+        assert RESULTS[name].status in line
+        assert ("contradicts" in line) == (name in CONTRADICTING)
+    assert str(tmp_path / "theory_report.md") in printed
+
+
+def test_cli_default_budget_is_full(tmp_path, monkeypatch):
+    budgets: list[str] = []
+    monkeypatch.setattr(registry, "STATEMENTS", fake_registry(["exact-holds"], budgets))
+    assert cli.main(["theory", "report", "--out", str(tmp_path)]) == 0
+    assert budgets == ["full"]
+
+
+@settings(deadline=None, max_examples=200)
+@given(
+    st.floats(-5, 5), st.floats(0, 3), st.floats(-8, 8),
+)
+def test_exponent_verdict_disagrees_iff_claim_outside_interval(low, width, claimed):
+    law = PowerLaw(exponent=low + width / 2, low=low, high=low + width, prefactor=1.0)
+    verdict = exponent_verdict(law, claimed)
+    outside = claimed < low or claimed > low + width
+    assert verdict.startswith("DISAGREES") == outside
+    assert (verdict == "agrees") == (not outside)
+
+
+@pytest.mark.parametrize("kind", ["exact", "corrected", "false_as_printed", "up_to_constant"])
+@pytest.mark.parametrize("status", ["holds", "holds_with_constant", "fails"])
+def test_contradiction_rule(kind, status):
+    promised_true = kind in ("exact", "corrected")
+    expected = (promised_true and status == "fails") or (kind == "false_as_printed" and status != "fails")
+    assert contradicts_kind(kind, CheckResult("s", status)) == expected
+
+
+@settings(deadline=None, max_examples=100)
+@given(
+    st.floats(-3, 3), st.floats(-3, 3), st.floats(0.1, 10),
+    st.lists(st.integers(1, 1000), min_size=2, max_size=6, unique=True),
+)
+def test_claimed_line_has_the_claimed_slope_and_meets_the_fit_at_the_geometric_mean(exponent, claimed, prefactor, xs):
+    from theory_checks.report_figures import anchored_lines
+
+    xs = np.array(sorted(xs)) / 10.0  # distinct x, so log-log slopes are well defined
+    law = PowerLaw(exponent, exponent - 0.1, exponent + 0.1, prefactor)
+    fitted, line = anchored_lines(law, claimed, xs)
+    assert np.allclose(fitted, prefactor * xs**exponent)
+    slopes = np.diff(np.log(line)) / np.diff(np.log(xs))
+    assert np.allclose(slopes, claimed)
+    centre = np.exp(np.log(xs).mean())
+    # both lines are straight in log-log, so they agree at x = centre
+    at_centre_fit = np.interp(np.log(centre), np.log(xs), np.log(fitted))
+    at_centre_line = np.interp(np.log(centre), np.log(xs), np.log(line))
+    assert at_centre_fit == pytest.approx(at_centre_line, abs=1e-9)

@@ -1,0 +1,235 @@
+"""The theory report: run the registered statement checks (Werner et al., Sec. 3 and
+App. A) and write ``theory_report.md``, ``theory_report.json`` and one scaling figure
+per statement that measured a scaling law.
+
+A status contradicts a statement's kind when an ``exact`` or ``corrected`` statement
+fails, or a ``false_as_printed`` one is not found false; :func:`contradicts_kind` is
+the rule, and the CLI exits 1 on any contradiction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from robust_pfl.results import atomic_write_text, write_summary
+from theory_checks.report_figures import plot_scaling
+from theory_checks.statements import registry
+from theory_checks.statements.registry import Budget, Kind, Statement
+from theory_checks.types import CheckResult, PowerLaw
+
+REPORT_NAME = "theory_report.md"
+JSON_NAME = "theory_report.json"
+COUNTEREXAMPLE_INLINE = 100  # characters of a counterexample shown in the table
+
+
+def contradicts_kind(kind: Kind, result: CheckResult) -> bool:
+    """Whether the check's status contradicts what the kind promises."""
+    if kind in ("exact", "corrected"):
+        return result.status == "fails"
+    if kind == "false_as_printed":
+        return result.status != "fails"
+    return False
+
+
+def contradiction_note(kind: Kind, result: CheckResult) -> str:
+    """The table's flag: empty, or what the contradiction is."""
+    if not contradicts_kind(kind, result):
+        return ""
+    if kind == "false_as_printed":
+        return "CONTRADICTS KIND: false as printed, but no counterexample found"
+    return f"CONTRADICTS KIND: {kind} statement fails"
+
+
+def status_text(result: CheckResult) -> str:
+    """``holds`` / ``holds with constant C = ...`` / ``FAILS``."""
+    if result.status == "fails":
+        return "FAILS"
+    if result.status == "holds_with_constant":
+        return "holds with constant" + ("" if result.constant is None else f" C = {result.constant.value:.3g}")
+    return "holds"
+
+
+def exponent_verdict(law: PowerLaw, claimed: float) -> str:
+    """``agrees`` when the claimed exponent lies in the fitted interval, else says
+    plainly where it lies."""
+    if law.contains(claimed):
+        return "agrees"
+    return f"DISAGREES (claimed {claimed:g} outside [{law.low:.3g}, {law.high:.3g}])"
+
+
+def evidence_text(result: CheckResult) -> str:
+    """One table cell: the check's own line, then instances and worst slack, the
+    fitted constant, the exponents and the counterexample."""
+    parts = [result.evidence] if result.evidence else []
+    if result.instances:
+        parts.append(f"{result.instances} instances")
+    if result.worst_slack is not None:
+        parts.append(f"worst slack {result.worst_slack:.3g}")
+    if result.constant is not None:
+        constant = result.constant
+        parts.append(
+            f"{constant.kind} constant {constant.value:.3g} over {constant.instances} instances "
+            f"(decisive: #{constant.decisive})"
+        )
+    for variable, (law, claimed) in result.exponents.items():
+        parts.append(f"{variable}: slope {law.exponent:.3g} [{law.low:.3g}, {law.high:.3g}] vs claimed {claimed:g}")
+    if result.counterexample is not None:
+        shown = json.dumps(jsonable(result.counterexample), sort_keys=True)
+        if len(shown) > COUNTEREXAMPLE_INLINE:
+            shown = shown[: COUNTEREXAMPLE_INLINE - 3] + "..."
+        parts.append(f"counterexample {shown}")
+    return "; ".join(parts)
+
+
+def cell(text: str) -> str:
+    """Markdown table cell: no line breaks, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def render_report(
+    results: dict[str, CheckResult],
+    statements: dict[str, Statement],
+    budget: Budget,
+    seconds: float,
+    figures: dict[str, str],
+) -> str:
+    """The Markdown report: the statement table, the scaling exponents, the
+    counterexamples and the figures."""
+    lines = [
+        f"# Theory checks of Werner et al. (budget {budget}, {seconds:.1f} s)",
+        "",
+        "| statement | source | kind | status | evidence | flag |",
+        "|---|---|---|---|---|---|",
+    ]
+    if not results:
+        lines = lines[:2] + ["No statement is registered."]
+    for name, result in results.items():
+        statement = statements[name]
+        lines.append(
+            "| " + " | ".join(
+                cell(text) for text in (
+                    name, statement.source, statement.kind, status_text(result), evidence_text(result),
+                    contradiction_note(statement.kind, result),
+                )
+            ) + " |"
+        )
+    lines += ["", "## Scaling exponents", ""]
+    fits = [(name, variable, law, claimed) for name, result in results.items()
+            for variable, (law, claimed) in result.exponents.items()]
+    if fits:
+        lines += [
+            "| statement | variable | fitted exponent | interval | claimed | verdict |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, variable, law, claimed in fits:
+            interval = f"[{law.low:.3g}, {law.high:.3g}] ({law.level:.0%}, {law.points} points)"
+            lines.append("| " + " | ".join(cell(text) for text in (
+                name, variable, f"{law.exponent:.3g}", interval, f"{claimed:g}", exponent_verdict(law, claimed),
+            )) + " |")
+    else:
+        lines.append("No statement fitted a scaling exponent.")
+    lines += ["", "## Counterexamples", ""]
+    failing = {name: result for name, result in results.items() if result.status == "fails"}
+    if not failing:
+        lines.append("No statement failed.")
+    for name, result in failing.items():
+        lines += [f"### {name} ({statements[name].kind}: {statements[name].source})", "",
+                  f"Claim: {statements[name].claim}", ""]
+        if result.counterexample is None:
+            lines.append("(the check recorded no instance)")
+        else:
+            text = json.dumps(jsonable(result.counterexample), indent=2, sort_keys=True, allow_nan=False)
+            lines += ["```json", text, "```"]
+        lines.append("")
+    listed = {name: figure_paths(name, result, figures) for name, result in results.items()}
+    if any(listed.values()):
+        lines += ([] if lines[-1] == "" else [""]) + ["## Figures", ""]
+        lines += [f"- {name}: " + ", ".join(f"[{Path(path).name}]({path})" for path in paths)
+                  for name, paths in listed.items() if paths]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def figure_paths(name: str, result: CheckResult, figures: dict[str, str]) -> list[str]:
+    """The report's scaling figure of ``name`` (if drawn), then the check's own."""
+    own = [figures[name]] if name in figures else []
+    return own + [path for path in result.figures if path not in own]
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON types for a result (dataclasses, numpy, torch, paths), non-finite
+    floats spelled ``"inf"``, ``"-inf"``, ``"nan"`` as
+    :func:`robust_pfl.results.write_summary` does."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(item) for item in value]
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):  # numpy arrays and scalars, tensors
+        return jsonable(value.tolist())
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _non_finite(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    return repr(value)
+
+
+def _non_finite(value: float) -> str:
+    """The spelling of :func:`robust_pfl.results.write_summary` (strict JSON)."""
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None) -> dict[str, Any]:
+    """Run the checks and write the report, its JSON and the scaling figures into
+    ``out``.
+
+    Returns ``{"budget", "seconds", "statuses": {name: status}, "kinds",
+    "contradictions": [names], "paths": {"report", "json", "figures": {name: path}}}``.
+    """
+    out = Path(out)
+    started = time.perf_counter()
+    results = registry.run_checks(budget, names)
+    seconds = time.perf_counter() - started
+    statements = registry.STATEMENTS
+    out.mkdir(parents=True, exist_ok=True)
+    figures = {name: f"{name}.png" for name, result in results.items() if plot_scaling(result, out / f"{name}.png")}
+    atomic_write_text(out / REPORT_NAME, render_report(results, statements, budget, seconds, figures))
+    contradictions = [name for name, result in results.items() if contradicts_kind(statements[name].kind, result)]
+    payload = {
+        "budget": budget,
+        "seconds": seconds,
+        "contradictions": contradictions,
+        "order": list(results),  # registry order (the file's keys are sorted)
+        "statements": {
+            name: {
+                "source": statements[name].source,
+                "claim": statements[name].claim,
+                "kind": statements[name].kind,
+                "status": status_text(result),
+                "contradicts_kind": name in contradictions,
+                "figure": figures.get(name),
+                "result": jsonable(result),
+            }
+            for name, result in results.items()
+        },
+    }
+    write_summary(payload, out / JSON_NAME)
+    return {
+        "budget": budget,
+        "seconds": seconds,
+        "statuses": {name: result.status for name, result in results.items()},
+        "kinds": {name: statements[name].kind for name in results},
+        "contradictions": contradictions,
+        "paths": {
+            "report": str(out / REPORT_NAME),
+            "json": str(out / JSON_NAME),
+            "figures": {name: str(out / path) for name, path in figures.items()},
+        },
+    }
