@@ -48,7 +48,7 @@ RESULTS = {
             "n": (PowerLaw(-1.02, -1.1, -0.95, 3.0, points=12), -1.0),
             "sigma": (PowerLaw(2.0, 1.9, 2.1, 1.0, points=6), 3.0),
         },
-        details={"rows": _scaling_rows()},
+        details={"rows": _scaling_rows(), "notes": "the sigma sweep grows faster than claimed"},
     ),
     "corrected-fails": CheckResult("corrected-fails", "fails", counterexample={"x": 1}),
     "bound-fails": CheckResult("bound-fails", "fails", counterexample={"T": 10}),
@@ -140,7 +140,12 @@ def test_counterexamples_section_lists_each_failing_statement(report):
     section = report[2].split("## Counterexamples")[1]
     headings = re.findall(r"^### (\S+)", section, flags=re.M)
     assert headings == ["exact-fails", "false-found"]
-    assert '"var_z": 0.015625' in section and '"rhs": "nan"' in section
+    assert "- `var_z`: `0.015625`" in section and '- `rhs`: `"nan"`' in section
+
+
+def test_findings_section_holds_each_checks_notes(report):
+    findings = report[2].split("## Findings")[1].split("## Figures")[0]
+    assert findings.strip().splitlines() == ["- **scaling**: the sigma sweep grows faster than claimed"]
 
 
 def test_scaling_figure_is_a_png_listed_in_the_report(report):

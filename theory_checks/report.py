@@ -63,27 +63,37 @@ def exponent_verdict(law: PowerLaw, claimed: float) -> str:
 
 
 def evidence_text(result: CheckResult) -> str:
-    """One table cell: the check's own line, then instances and worst slack, the
-    fitted constant, the exponents and the counterexample."""
-    parts = [result.evidence] if result.evidence else []
-    if result.instances:
-        parts.append(f"{result.instances} instances")
-    if result.worst_slack is not None:
-        parts.append(f"worst slack {result.worst_slack:.3g}")
-    if result.constant is not None:
-        constant = result.constant
-        parts.append(
-            f"{constant.kind} constant {constant.value:.3g} over {constant.instances} instances "
-            f"(decisive: #{constant.decisive})"
-        )
-    for variable, (law, claimed) in result.exponents.items():
-        parts.append(f"{variable}: slope {law.exponent:.3g} [{law.low:.3g}, {law.high:.3g}] vs claimed {claimed:g}")
+    """One table cell: the check's own line when it wrote one (it states its instances,
+    slack, exponents or constant), else those facts from the result's fields; then a
+    failing check's counterexample, shortened (the full one has its own section)."""
+    if result.evidence:
+        parts = [result.evidence]
+    else:
+        parts = []
+        if result.instances:
+            parts.append(f"{result.instances} instances")
+        if result.worst_slack is not None:
+            parts.append(f"worst slack {result.worst_slack:.3g}")
+        if result.constant is not None:
+            constant = result.constant
+            parts.append(
+                f"{constant.kind} constant {constant.value:.3g} over {constant.instances} instances "
+                f"(decisive: #{constant.decisive})"
+            )
+        parts += [f"{variable}: slope {law.exponent:.3g} [{law.low:.3g}, {law.high:.3g}] vs claimed {claimed:g}"
+                  for variable, (law, claimed) in result.exponents.items()]
     if result.counterexample is not None:
         shown = json.dumps(jsonable(result.counterexample), sort_keys=True)
         if len(shown) > COUNTEREXAMPLE_INLINE:
             shown = shown[: COUNTEREXAMPLE_INLINE - 3] + "..."
         parts.append(f"counterexample {shown}")
     return "; ".join(parts)
+
+
+def counterexample_lines(counterexample: dict[str, Any]) -> list[str]:
+    """A counterexample as a bullet per field, each value as compact JSON."""
+    plain = jsonable(counterexample)
+    return [f"- `{key}`: `{json.dumps(plain[key], allow_nan=False)}`" for key in sorted(plain)]
 
 
 def cell(text: str) -> str:
@@ -99,7 +109,7 @@ def render_report(
     figures: dict[str, str],
 ) -> str:
     """The Markdown report: the statement table, the scaling exponents, the
-    counterexamples and the figures."""
+    counterexamples, the checks' findings (``details["notes"]``) and the figures."""
     lines = [
         f"# Theory checks of Werner et al. (budget {budget}, {seconds:.1f} s)",
         "",
@@ -143,8 +153,12 @@ def render_report(
         if result.counterexample is None:
             lines.append("(the check recorded no instance)")
         else:
-            text = json.dumps(jsonable(result.counterexample), indent=2, sort_keys=True, allow_nan=False)
-            lines += ["```json", text, "```"]
+            lines += counterexample_lines(result.counterexample)
+        lines.append("")
+    notes = {name: result.details.get("notes") for name, result in results.items() if result.details.get("notes")}
+    if notes:
+        lines += ["## Findings", ""]
+        lines += [f"- **{name}**: {note}" for name, note in notes.items()]
         lines.append("")
     listed = {name: figure_paths(name, result, figures) for name, result in results.items()}
     if any(listed.values()):

@@ -1,0 +1,325 @@
+"""Power-law fits and the scaling studies of Werner et al.'s Thm 3.1, 3.3 and 3.4."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from theory_checks import bounds
+from theory_checks.fitting import fit_power_law
+from theory_checks.scaling import (
+    ROW_KEYS,
+    ClusteringSizes,
+    RateSizes,
+    clustering_errors,
+    clustering_study,
+    fc_rate_study,
+    mc_rate_study,
+    two_point_random_start,
+)
+from theory_checks.scaling_rate_problem import learning_rate, rate_problem, shared_cluster_data
+from theory_checks.statements import rates as rate_statements
+from theory_checks.statements.registry import STATEMENTS
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+TINY_CLUSTERING = ClusteringSizes(
+    dim=3, repeats=4, cluster_sizes=(4, 8), byzantine_counts=(1, 2), attacked_cluster_size=8,
+    gaussian_separations=(2.0, 4.0), gaussian_cluster_size=8, two_point_separations=(4.0, 8.0),
+    two_point_cluster_size=16, two_point_repeats=2, random_start_family=((16, 8.0), (64, 32.0), (256, 128.0)),
+)
+TINY_RATES = RateSizes(clients_per_cluster=3, samples_per_client=12, horizons=(4, 8), repeats=2)
+
+
+# -- fit_power_law -----------------------------------------------------------------------
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    exponent=st.floats(-3, 3),
+    prefactor=st.floats(1e-3, 1e3),
+    levels=st.lists(st.floats(0.1, 1e3), min_size=2, max_size=6, unique=True),
+    repeats=st.integers(1, 4),
+)
+def test_noise_free_power_law_is_fitted_exactly(exponent, prefactor, levels, repeats):
+    """y = c x^p without noise: the slope is p, the prefactor c, and the interval is p."""
+    if max(levels) / min(levels) < 1.5:  # keep log x well spread so the slope is well conditioned
+        levels = [min(levels), 1.5 * min(levels)]
+    x = np.repeat(levels, repeats)
+    law = fit_power_law(x, prefactor * x**exponent, resamples=50)
+    assert law.exponent == pytest.approx(exponent, abs=1e-9)
+    assert law.prefactor == pytest.approx(prefactor, rel=1e-9)
+    assert law.contains(exponent)
+    assert law.high - law.low < 1e-8
+    assert law.points == x.size
+
+
+def test_hand_computed_two_level_fit():
+    """x = 1, 1, 4, 4 and y = 1, 3, 4, 12: the level means of log y are ln(3)/2 and
+    ln(48)/2, so the slope is ln(16) / (2 ln 4) = 1 and the prefactor sqrt(3); a resample
+    keeps one of three means per level, so every bootstrap slope lies in
+    [ln(4/3) / ln 4, ln 12 / ln 4]."""
+    law = fit_power_law([1, 1, 4, 4], [1, 3, 4, 12], resamples=500)
+    assert law.exponent == pytest.approx(1.0, abs=1e-12)
+    assert law.prefactor == pytest.approx(math.sqrt(3), rel=1e-12)
+    assert law.low >= math.log(4 / 3) / math.log(4) - 1e-9
+    assert law.high <= math.log(12) / math.log(4) + 1e-9
+    assert law.low < 1.0 < law.high
+
+
+def _noisy(repeats: int, seed: int, exponent: float = -0.5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = np.repeat([1.0, 2.0, 4.0, 8.0, 16.0, 32.0], repeats)
+    return x, 3.0 * x**exponent * np.exp(0.3 * rng.standard_normal(x.size))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_power_law_interval_contains_the_exponent(seed):
+    x, y = _noisy(40, seed)
+    law = fit_power_law(x, y, seed=seed)
+    assert law.contains(-0.5)
+    assert law.high - law.low > 0.01  # the noise shows in the interval
+
+
+def test_interval_narrows_with_more_repeats():
+    """The interval's width shrinks like 1/sqrt(repeats): 16x the repeats, about a
+    quarter of the width."""
+    few = fit_power_law(*_noisy(8, 3))
+    many = fit_power_law(*_noisy(128, 3))
+    assert many.high - many.low < 0.5 * (few.high - few.low)
+
+
+def test_bootstrap_is_seeded():
+    x, y = _noisy(10, 4)
+    assert fit_power_law(x, y, seed=7) == fit_power_law(x, y, seed=7)
+    assert fit_power_law(x, y, seed=7) != fit_power_law(x, y, seed=8)
+
+
+def test_groups_stratify_rows_whose_x_differ_by_rounding():
+    """Computed x of one level need not be bitwise equal: labelled, each level still
+    resamples its repeats (the interval has width), unlabelled every row is a level of
+    its own and the residuals are resampled instead."""
+    x, y = _noisy(20, 5)
+    jittered = x * (1 + 1e-12 * np.arange(x.size))
+    labelled = fit_power_law(jittered, y, groups=x)
+    assert labelled.contains(-0.5) and labelled.high > labelled.low
+    residual = fit_power_law(jittered, y)
+    assert residual.contains(-0.5) and residual.high > residual.low
+
+
+def test_labelled_levels_sharing_an_x_give_a_finite_interval():
+    """Level "a" holds x = 1 only and level "b" both x: resamples of "b" that draw only
+    x = 1 decide no slope and are left out, not turned into NaN."""
+    law = fit_power_law([1, 1, 1, 2], [1, 1.1, 0.9, 2.2], groups=["a", "b", "b", "b"], resamples=200)
+    assert math.isfinite(law.low) and math.isfinite(law.high)
+    assert law.low <= law.exponent <= law.high
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"x": [1, 2, -3], "y": [1, 2, 3]}, "x"),
+        ({"x": [1, 2, 3], "y": [1, 0, 3]}, "y"),
+        ({"x": [1, 2, float("nan")], "y": [1, 2, 3]}, "x"),
+        ({"x": [1, 2, 3], "y": [1, float("inf"), 3]}, "y"),
+        ({"x": [1, 2, 3], "y": [1, 2]}, "x and y"),
+        ({"x": [2, 2, 2], "y": [1, 2, 3]}, "x"),
+        ({"x": [1, 2], "y": [1, 2], "level": 1.0}, "level"),
+        ({"x": [1, 2], "y": [1, 2], "resamples": 0}, "resamples"),
+        ({"x": [1, 2], "y": [1, 2], "groups": ["a"]}, "groups"),
+    ],
+)
+def test_invalid_input_names_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        fit_power_law(**kwargs)
+
+
+# -- Thm 3.1: Threshold-Clustering -----------------------------------------------------
+
+
+@settings(deadline=None, max_examples=20)
+@given(n=st.integers(3, 20), rounds=st.integers(1, 6), seed=st.integers(0, 2**16))
+def test_centre_contracts_towards_the_sample_mean(n, rounds, seed):
+    """SPEC section 4: when the ball holds exactly cluster i's points,
+    v_l - mean_i = (1 - delta_i)(v_{l-1} - mean_i); so after l rounds the squared
+    distance to the sample mean is (1 - delta)^(2l) times the start's."""
+    g = torch.Generator().manual_seed(seed)
+    points = torch.randn(2, 2 * n, 3, generator=g, dtype=torch.float64) * 0.1
+    points[:, n:, 0] += 1e3  # the other cluster, far outside the ball
+    mean = points[:, :n].mean(1)
+    start = points[:, 0]
+    errors = clustering_errors(points, start, mean, tau=10.0, rounds=rounds)
+    expected = 0.5 ** (2 * rounds) * (start - mean).square().sum(-1)
+    torch.testing.assert_close(errors, expected, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("count", [1, 3, 6])
+def test_edge_attacker_reaches_the_fixed_point(count):
+    """SPEC section 4: attackers at the ball's edge in a fixed direction u move the centre
+    to mean_i + (beta / delta) tau u, squared error (beta / delta)^2 tau^2 = (m / n)^2 tau^2."""
+    n, tau = 12, 2.0
+    g = torch.Generator().manual_seed(count)
+    points = torch.zeros(1, 2 * n + count, 4, dtype=torch.float64)
+    points[0, : 2 * n] = 0.05 * torch.randn(2 * n, 4, generator=g, dtype=torch.float64)
+    points[0, n : 2 * n, 0] += 1e3
+    mean = points[:, :n].mean(1)
+    direction = torch.tensor([0.0, 0.6, 0.8, 0.0], dtype=torch.float64)
+    error = clustering_errors(points, points[:, 0], mean, tau, rounds=200, byzantine=count, direction=direction)
+    assert float(error) == pytest.approx((count / n) ** 2 * tau**2, rel=1e-6)
+
+
+def test_error_decreases_with_cluster_size_without_attack():
+    """Thm 3.1 with beta = 0 and the exact radius sqrt(delta sigma Delta): the centre
+    tends to the sample mean, so the mean error falls with n_i (about sigma^2 / n_i)."""
+    sizes = ClusteringSizes(dim=4, repeats=64, cluster_sizes=(4, 16, 64), byzantine_counts=(1, 2),
+                            attacked_cluster_size=8, gaussian_separations=(2.0, 4.0), gaussian_cluster_size=8,
+                            two_point_separations=(4.0, 8.0), two_point_cluster_size=16, two_point_repeats=1,
+                            random_start_family=((16, 8.0), (64, 32.0)))
+    study = clustering_study(sizes=sizes, seed=3)
+    means = [t["mean_error"] for t in study.claimed_rhs if t["variable"] == "n"]
+    assert means[0] > means[1] > means[2]
+    for n, mean in zip((4, 16, 64), means):
+        assert mean == pytest.approx(1.0 / n, rel=0.5)
+
+
+def test_clustering_study_rows_and_fits():
+    study = clustering_study(sizes=TINY_CLUSTERING, seed=1)
+    variables = {"n": 2, "beta": 2, "separation_gaussian": 2, "separation_two_point": 2}
+    assert set(study.laws) == set(variables) == set(study.claimed)
+    assert study.claimed == {"n": -1.0, "beta": 1.0, "separation_gaussian": -1.0, "separation_two_point": -1.0}
+    for row in study.rows:
+        assert tuple(row) == ROW_KEYS
+        assert isinstance(row["variable"], str) and isinstance(row["repeat"], int)
+        assert math.isfinite(row["error"]) and row["error"] > 0 and row["x"] > 0
+    for variable, levels in variables.items():
+        repeats = TINY_CLUSTERING.two_point_repeats if variable == "separation_two_point" else TINY_CLUSTERING.repeats
+        assert sum(r["variable"] == variable for r in study.rows) == levels * repeats
+    assert 0 < study.constant.value < math.inf
+    assert len(study.claimed_rhs) == sum(variables.values())
+
+
+def test_two_point_error_is_the_sigma_cubed_over_delta_term():
+    """Two-point clusters (p = sigma^2 / h^2, h = 2 tau, tau^2 = delta sigma Delta) started
+    at the bulk: the centre misses p h, squared p^2 h^2 = sigma^3 / (4 delta Delta), with
+    sigma = 1 and delta = 1/2: 1 / (2 Delta)."""
+    study = clustering_study(sizes=TINY_CLUSTERING, seed=2)
+    for table in study.claimed_rhs:
+        if table["variable"] == "separation_two_point":
+            assert table["mean_error"] == pytest.approx(1 / (2 * table["x"]), rel=1e-9)
+
+
+def test_random_start_on_two_point_clusters_outgrows_the_bound():
+    """A start at the rare value never moves, so the expected error over a uniformly
+    random start is p (h - p h)^2 + (1 - p) (p h)^2 = (1 - p) sigma^2, while eq. (14)'s
+    right-hand side falls as n and Delta grow."""
+    family = two_point_random_start(((64, 8.0), (256, 32.0), (1024, 128.0)))
+    for instance in family:
+        assert instance["expected_error_random_start"] == pytest.approx(1 - instance["rare_probability"], rel=1e-9)
+        assert instance["rhs"] == pytest.approx(1 / instance["n"] + 1 / instance["separation"])
+    ratios = [instance["ratio_to_rhs"] for instance in family]
+    assert ratios[0] < ratios[1] < ratios[2]
+
+
+# -- Thm 3.3 / 3.4: FC and MC rates ------------------------------------------------------
+
+
+def test_cluster_data_is_shared_within_clusters():
+    ids = torch.tensor([0, 0, 1, 1, 1, 0])
+    inputs = torch.arange(6 * 2 * 3, dtype=torch.float64).reshape(6, 2, 3)
+    from robust_pfl.data import ClientData
+
+    shared = shared_cluster_data(ClientData(inputs, inputs[..., 0]), ids)
+    first = torch.tensor([0, 0, 2, 2, 2, 0])
+    assert torch.equal(shared.inputs, inputs[first])
+    assert torch.equal(shared.targets, inputs[first][..., 0])
+
+
+def test_learning_rate_follows_the_prescription():
+    """eta_T = c sqrt(F_0 / (L T E)): lr_cap / L at the smallest T, then T^(-1/2)."""
+    problem = rate_problem(TINY_RATES)
+    sizes = RateSizes(horizons=(16, 64, 256), lr_cap=0.5)
+    rates = [learning_rate(problem, 0.7, horizon, sizes) for horizon in sizes.horizons]
+    assert rates[0] == pytest.approx(0.5 / problem.smoothness)
+    assert rates[1] / rates[0] == pytest.approx(0.5) and rates[2] / rates[1] == pytest.approx(0.5)
+
+
+def test_rate_problem_constants():
+    """Shared data: every honest client of a cluster has the same minimiser; the noise
+    of a batch of b samples is sigma / sqrt(b) (Lemma 7); mu <= L; delta = n_i / N."""
+    problem = rate_problem(TINY_RATES, byzantine_per_cluster=1)
+    assert problem.batch_sigma == pytest.approx(problem.sample_sigma / math.sqrt(TINY_RATES.batch_size))
+    assert 0 < problem.strong_convexity <= problem.smoothness
+    n = problem.task.cluster_ids.numel()
+    assert problem.cluster_fraction == pytest.approx(TINY_RATES.clients_per_cluster / n)
+    assert problem.byzantine_fraction == pytest.approx(TINY_RATES.clusters / n)
+    assert problem.base_error == pytest.approx(
+        float(bounds.clustering_error(problem.batch_sigma, problem.separation, TINY_RATES.clients_per_cluster)))
+
+
+@pytest.mark.parametrize(
+    "study, variables", [(fc_rate_study, {"T": -0.5}), (mc_rate_study, {"T": -0.5, "T_attacked": -0.25})]
+)
+def test_rate_studies_rows(study, variables):
+    result = study(sizes=TINY_RATES, seed=0)
+    assert result.claimed == variables and set(result.laws) == set(variables)
+    assert len(result.rows) == len(variables) * len(TINY_RATES.horizons) * TINY_RATES.repeats
+    for row in result.rows:
+        assert tuple(row) == ROW_KEYS
+        assert row["x"] in (4.0, 8.0) and row["repeat"] in (0, 1)
+        assert math.isfinite(row["error"]) and row["error"] > 0
+    assert 0 < result.constant.value < math.inf
+
+
+def test_rate_study_is_reproducible():
+    first = fc_rate_study(sizes=TINY_RATES, seed=5)
+    assert first.rows == fc_rate_study(sizes=TINY_RATES, seed=5).rows
+
+
+# -- the registered statements -----------------------------------------------------------
+
+
+def test_statements_are_registered():
+    sources = {"thm3.1": "Thm 3.1, eq. (14)", "thm3.3": "Thm 3.3, eq. (23)", "thm3.4": "Thm 3.4, eq. (28)"}
+    for name, source in sources.items():
+        assert STATEMENTS[name].source == source
+        assert STATEMENTS[name].kind == "up_to_constant"
+
+
+@pytest.mark.parametrize("name, study, keys", [
+    ("thm3.3", fc_rate_study, {"T"}),
+    ("thm3.4", mc_rate_study, {"T", "T_attacked"}),
+])
+def test_rate_checks_report_exponents(monkeypatch, name, study, keys):
+    """The checks' shape on tiny studies: status, exponent keys, evidence, rows."""
+    monkeypatch.setattr(rate_statements, study.__name__, lambda budget: study(sizes=TINY_RATES))
+    result = STATEMENTS[name].check("quick")
+    assert result.status == "holds_with_constant"
+    assert set(result.exponents) == keys
+    assert all(law.low <= law.exponent <= law.high for law, _ in result.exponents.values())
+    assert "claimed" in result.evidence and result.details["rows"]
+    assert 0 < result.constant.value < math.inf
+
+
+def test_thm31_check_fails_on_the_two_point_random_start():
+    """The ratio to eq. (14) grows 4x per step of the family: the check reports it."""
+    result = STATEMENTS["thm3.1"].check("quick")
+    assert result.status == "fails"
+    assert set(result.exponents) == {"n", "beta", "separation_gaussian", "separation_two_point"}
+    assert result.exponents["n"][1] == -1.0 and result.exponents["beta"][1] == 1.0
+    assert result.counterexample["ratio_to_rhs"] > 100
+    assert "DISAGREES" in result.evidence  # beta grows like beta^2, not beta
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["thm3.3", "thm3.4"])
+def test_quick_rate_checks(name):
+    result = STATEMENTS[name].check("quick")
+    assert result.status == "holds_with_constant"
+    assert set(result.exponents) == ({"T"} if name == "thm3.3" else {"T", "T_attacked"})
+    law, claimed = result.exponents["T"]
+    assert claimed == -0.5 and law.exponent < 0  # the average squared gradient falls with T

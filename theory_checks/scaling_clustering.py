@@ -1,0 +1,271 @@
+"""Scaling of Threshold-Clustering's error, Werner et al. Thm 3.1 (eq. 13-14):
+``E||v - E z_i||^2 <~ sigma^2/n_i + sigma^3/Delta + beta_i sigma Delta`` with radius
+``tau = sqrt(delta_i sigma Delta)`` and ``l`` rounds from eq. (13).
+
+Every instance has ``K = 2`` clusters of ``n`` points (``delta_i = n / N``), total
+variance ``sigma^2 = 1`` (SPEC section 4: ``sigma^2 = d s^2``) and cluster means
+``Delta`` apart.  Cluster 0 is the one whose centre is measured; one centre starts at
+a random point of it.  The repeats are independent problems run as one batch
+``[B, N, d]``.  Four sweeps, each placed where its term of eq. (14) dominates the
+right-hand side:
+
+* ``n`` (claimed -1): Gaussian clusters with ``Delta = 10^4 sigma``, so ``sigma^3 /
+  Delta = 10^-4`` stays under a tenth of ``sigma^2 / n`` for ``n <= 1000``; the radius
+  ``tau ~ 70 sigma`` holds the whole cluster and nothing else, so the centre tends to
+  the sample mean (error ``sigma^2 / n``).
+* ``beta`` (claimed +1): ``beta N`` Byzantine points re-placed before every round at
+  distance ``tau`` from the current centre in one fixed direction ``u`` (the paper's
+  threat model, Sec. 3.1.1), ``Delta = 10^3 sigma``, ``n = 128``: ``beta sigma Delta >=
+  7`` against ``sigma^2 / n < 0.01`` and ``sigma^3 / Delta = 0.001``.  SPEC section 4's
+  exact fixed point is
+  ``mean_0 + (beta / delta) tau u``, squared error ``beta^2 sigma Delta / delta``:
+  it grows like ``beta^2`` while ``beta <= delta`` keeps it under ``beta sigma Delta``.
+* ``separation_gaussian`` (claimed -1): Gaussian clusters, ``Delta / sigma`` from 2
+  (the theorem's ``Delta >~ sigma / delta_i``) up, ``n`` large so ``sigma^3 / Delta``
+  is the largest term of the bound.  The measured error falls much faster: what is
+  left of the start after eq. (13)'s rounds, then the ``sigma^2 / n`` floor;
+  mis-clustering decays like ``exp(-Delta^2 / sigma^2)``.
+* ``separation_two_point`` (claimed -1): each cluster takes its bulk value with
+  probability ``1 - p`` and ``bulk + h e_1`` with probability ``p``, ``h = 2 tau``
+  and ``p = sigma^2 / h^2`` (variance ``(1 - p) sigma^2 <= sigma^2``, Assumption 3).
+  The rare points always lie outside the ball, so the centre misses ``E z_0 - bulk =
+  p h e_1``: error ``p^2 h^2 = sigma^3 / (4 delta Delta)``, the ``sigma^3 / Delta``
+  term, with ``n`` large so that ``sigma^2 / n`` is smaller.  The centre starts at the
+  bulk.
+
+A start at a rare point never moves: every point within ``tau`` of it has its value.
+Over a uniformly random start of cluster 0 (which meets the proof's ``E||v_0 - E
+z_0||^2 <= sigma^2``, step (v) of A.1) the expected error is therefore
+``p (h - p h)^2 + (1 - p) (p h)^2 = (1 - p) sigma^2``, whatever ``tau``'s constant and
+however many rounds, while eq. (14)'s right-hand side tends to 0 as ``n`` and ``Delta
+/ sigma`` grow: :func:`two_point_random_start` measures this along a family of
+instances, where the ratio to the bound grows without limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from defenses.threshold_clustering import threshold_clustering
+from theory_checks import bounds
+from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
+
+SIGMA = 1.0
+CLUSTERS = 2
+# Byzantine points sit this fraction inside the ball's edge: on the edge itself,
+# rounding of the distance may put them outside.
+EDGE_MARGIN = 1e-9
+
+
+def _half_octaves(start: float, steps: int) -> tuple[float, ...]:
+    """``start * 2^(k/2)`` for ``k < steps`` (half-octave steps)."""
+    return tuple(start * 2 ** (k / 2) for k in range(steps))
+
+
+@dataclass(frozen=True)
+class ClusteringSizes:
+    """Sizes of the Thm 3.1 sweeps (see the module docstring for the regimes)."""
+
+    dim: int = 10
+    repeats: int = 64
+    cluster_sizes: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    size_separation: float = 1e4
+    byzantine_counts: tuple[int, ...] = (2, 4, 8, 16, 32)
+    attacked_cluster_size: int = 128
+    attacked_separation: float = 1e3
+    gaussian_separations: tuple[float, ...] = _half_octaves(2.0, 9)
+    gaussian_cluster_size: int = 1024
+    two_point_separations: tuple[float, ...] = (4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+    two_point_cluster_size: int = 4096
+    two_point_repeats: int = 4
+    random_start_family: tuple[tuple[int, float], ...] = ((256, 8.0), (1024, 32.0), (4096, 128.0), (16384, 512.0))
+
+
+CLUSTERING_BUDGETS: dict[str, ClusteringSizes] = {
+    "quick": ClusteringSizes(),
+    "full": ClusteringSizes(
+        repeats=256,
+        cluster_sizes=(8, 16, 32, 64, 128, 256, 512, 1024),
+        byzantine_counts=(2, 4, 8, 16, 32, 64, 96),
+        attacked_cluster_size=256,
+        gaussian_separations=_half_octaves(2.0, 11),
+        gaussian_cluster_size=4096,
+        two_point_separations=(4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0),
+        two_point_cluster_size=16384,
+        random_start_family=((256, 8.0), (1024, 32.0), (4096, 128.0), (16384, 512.0), (65536, 2048.0)),
+    ),
+}
+
+
+def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = None, seed: int = 0) -> ScalingStudy:
+    """Run the four Thm 3.1 sweeps (module docstring) and fit their exponents and the
+    hidden constant of eq. (14).  ``sizes`` overrides the ``budget``'s sizes."""
+    chosen = sizes or CLUSTERING_BUDGETS[budget]
+    generator = torch.Generator().manual_seed(seed)
+    direction = _unit(torch.randn(chosen.dim, generator=generator, dtype=torch.float64))
+    sweeps = [
+        _size_sweep(chosen, generator),
+        _byzantine_sweep(chosen, direction, generator),
+        _gaussian_separation_sweep(chosen, generator),
+        _two_point_sweep(chosen, generator),
+    ]
+    findings = {"two_point_random_start": two_point_random_start(chosen.random_start_family, seed=seed)}
+    settings = {"sigma": SIGMA, "clusters": CLUSTERS, **asdict(chosen), "seed": seed}
+    return assemble("thm3.1", sweeps, settings, seed, findings)
+
+
+def clustering_errors(points: Tensor, start: Tensor, truth: Tensor, tau: float, rounds: int,
+                      byzantine: int = 0, direction: Tensor | None = None) -> Tensor:
+    """``||v_l - E z||^2`` per problem after ``rounds`` rounds of eq. (24) on
+    ``points[B, N, d]`` from ``start[B, d]``, against ``truth[B, d]``.
+
+    With ``byzantine = m > 0`` the last ``m`` rows of every problem are rewritten before
+    every round to ``v + tau u`` (just inside the ball, ``u = direction``): the paper's
+    worst case, one round at a time."""
+    centres = start.unsqueeze(1)
+    if byzantine == 0:
+        centres = threshold_clustering(points, centres, tau, rounds).centres
+    else:
+        points = points.clone()
+        push = (1 - EDGE_MARGIN) * tau * direction
+        for _ in range(rounds):
+            points[:, -byzantine:] = centres + push
+            centres = threshold_clustering(points, centres, tau, 1).centres
+    return (centres[:, 0] - truth).square().sum(-1)
+
+
+def _gaussian_points(cluster_size: int, separation: float, dim: int, extra: int, repeats: int,
+                     generator: torch.Generator) -> Tensor:
+    """``[repeats, 2 n + extra, d]``: cluster 0 at the origin, cluster 1 at
+    ``Delta e_1``, per-coordinate noise ``sigma / sqrt(d)``; ``extra`` zero rows at the
+    end (for Byzantine points)."""
+    shape = (repeats, CLUSTERS * cluster_size + extra, dim)
+    points = torch.randn(shape, generator=generator, dtype=torch.float64) * (SIGMA / math.sqrt(dim))
+    points[:, cluster_size : CLUSTERS * cluster_size, 0] += separation
+    points[:, CLUSTERS * cluster_size :] = 0.0
+    return points
+
+
+def _random_member(points: Tensor, cluster_size: int, generator: torch.Generator) -> Tensor:
+    """A uniformly drawn point of cluster 0 (the first ``n`` rows) per problem."""
+    index = torch.randint(cluster_size, (points.shape[0],), generator=generator)
+    return points[torch.arange(points.shape[0]), index]
+
+
+def _size_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+    separation, fraction = sizes.size_separation, 1.0 / CLUSTERS
+    tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
+    rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
+    errors = []
+    for n in sizes.cluster_sizes:
+        points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
+        truth = points.new_zeros(sizes.repeats, sizes.dim)
+        errors.append(clustering_errors(points, _random_member(points, n, generator), truth, tau, rounds))
+    rhs = bounds.clustering_error(SIGMA, separation, np.array(sizes.cluster_sizes))
+    return Sweep("n", tuple(map(float, sizes.cluster_sizes)), torch.stack(errors).numpy(), tuple(rhs), -1.0)
+
+
+def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch.Generator) -> Sweep:
+    n, separation = sizes.attacked_cluster_size, sizes.attacked_separation
+    errors, betas, rhs = [], [], []
+    for count in sizes.byzantine_counts:
+        total = CLUSTERS * n + count
+        fraction, beta = n / total, count / total
+        tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
+        rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
+        points = _gaussian_points(n, separation, sizes.dim, count, sizes.repeats, generator)
+        truth = points.new_zeros(sizes.repeats, sizes.dim)
+        start = _random_member(points, n, generator)
+        errors.append(clustering_errors(points, start, truth, tau, rounds, count, direction))
+        betas.append(beta)
+        rhs.append(float(bounds.clustering_error(SIGMA, separation, n, beta)))
+    return Sweep("beta", tuple(betas), torch.stack(errors).numpy(), tuple(rhs), 1.0)
+
+
+def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+    n, fraction = sizes.gaussian_cluster_size, 1.0 / CLUSTERS
+    errors = []
+    for separation in sizes.gaussian_separations:
+        tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
+        rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
+        points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
+        truth = points.new_zeros(sizes.repeats, sizes.dim)
+        errors.append(clustering_errors(points, _random_member(points, n, generator), truth, tau, rounds))
+    rhs = bounds.clustering_error(SIGMA, np.array(sizes.gaussian_separations), n)
+    return Sweep("separation_gaussian", tuple(sizes.gaussian_separations), torch.stack(errors).numpy(),
+                 tuple(rhs), -1.0)
+
+
+@dataclass(frozen=True)
+class TwoPointClusters:
+    """Two clusters whose points take a bulk value, or ``bulk + jump e_1`` with
+    probability ``rare`` (the total variance is ``sigma^2``)."""
+
+    points: Tensor  # [B, 2 n, d]
+    truth: Tensor  # [B, d], E z_0
+    bulk: Tensor  # [B, d], cluster 0's bulk value
+    jump: float
+    rare: float
+    tau: float
+    rounds: int
+
+
+def _two_point_clusters(n: int, separation: float, dim: int, repeats: int,
+                        generator: torch.Generator) -> TwoPointClusters:
+    """The two-point instance with ``n`` points per cluster at ``Delta = separation``:
+    bulks at ``0`` and ``Delta e_2``, so the means ``bulk + p h e_1`` are exactly
+    ``Delta`` apart."""
+    fraction, dim = 1.0 / CLUSTERS, max(dim, 2)
+    tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
+    jump = 2 * tau
+    rare = SIGMA**2 / jump**2
+    points = torch.zeros(repeats, CLUSTERS * n, dim, dtype=torch.float64)
+    points[:, n:, 1] = separation
+    points[..., 0] = jump * (torch.rand(repeats, CLUSTERS * n, generator=generator, dtype=torch.float64) < rare)
+    truth = points.new_zeros(repeats, dim)
+    truth[:, 0] = rare * jump
+    rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
+    return TwoPointClusters(points, truth, points.new_zeros(repeats, dim), jump, rare, tau, rounds)
+
+
+def _two_point_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+    errors = []
+    for separation in sizes.two_point_separations:
+        c = _two_point_clusters(sizes.two_point_cluster_size, separation, sizes.dim, sizes.two_point_repeats,
+                                generator)
+        errors.append(clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds))
+    n = sizes.two_point_cluster_size
+    rhs = bounds.clustering_error(SIGMA, np.array(sizes.two_point_separations), n)
+    return Sweep("separation_two_point", tuple(sizes.two_point_separations), torch.stack(errors).numpy(),
+                 tuple(rhs), -1.0)
+
+
+def two_point_random_start(family: tuple[tuple[int, float], ...], dim: int = 2,
+                           seed: int = 0) -> list[dict[str, float]]:
+    """For every ``(n, Delta)`` of ``family``: Threshold-Clustering's error on the
+    two-point instance from the bulk and from a rare point, their mixture ``(1 - p)
+    err_bulk + p err_rare`` (the expected error over a uniformly random start of
+    cluster 0) and its ratio to eq. (14)'s right-hand side (constant 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for n, separation in family:
+        c = _two_point_clusters(n, separation, dim, 1, generator)
+        from_bulk = float(clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds)[0])
+        rare_start = c.bulk.clone()
+        rare_start[:, 0] = c.jump
+        from_rare = float(clustering_errors(c.points, rare_start, c.truth, c.tau, c.rounds)[0])
+        expected = (1 - c.rare) * from_bulk + c.rare * from_rare
+        rhs = float(bounds.clustering_error(SIGMA, separation, n))
+        out.append({"n": n, "separation": separation, "sigma": SIGMA, "tau": c.tau, "rounds": c.rounds,
+                    "rare_probability": c.rare, "error_from_bulk": from_bulk, "error_from_rare_point": from_rare,
+                    "expected_error_random_start": expected, "rhs": rhs, "ratio_to_rhs": expected / rhs})
+    return out
+
+
+def _unit(vector: Tensor) -> Tensor:
+    return vector / vector.norm()

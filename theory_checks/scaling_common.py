@@ -1,0 +1,99 @@
+"""What every scaling study returns, and the steps they share: tidy rows of measured
+errors, one power law per swept variable (:func:`theory_checks.fitting.fit_power_law`)
+and the hidden constant of the bound (:func:`theory_checks.bounds.fit_constant`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Sequence
+
+import numpy as np
+
+from theory_checks.bounds import fit_constant
+from theory_checks.fitting import fit_power_law
+from theory_checks.types import FittedConstant, PowerLaw
+
+Budget = Literal["quick", "full"]
+Row = dict[str, Any]
+"""``{"variable": str, "x": float, "repeat": int, "error": float}``."""
+
+ROW_KEYS = ("variable", "x", "repeat", "error")
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One swept variable: its rows, the bound's right-hand side at each swept value
+    (same order as ``values``) and the exponent the paper claims for it."""
+
+    variable: str
+    values: tuple[float, ...]
+    errors: np.ndarray  # [len(values), repeats]
+    rhs: tuple[float, ...]
+    claimed: float
+
+    def rows(self) -> list[Row]:
+        return [
+            {"variable": self.variable, "x": float(value), "repeat": repeat, "error": float(error)}
+            for value, errors in zip(self.values, self.errors)
+            for repeat, error in enumerate(errors)
+        ]
+
+
+@dataclass(frozen=True)
+class ScalingStudy:
+    """A scaling study's outcome.
+
+    Attributes:
+        theorem: ``"thm3.1"``, ``"thm3.3"`` or ``"thm3.4"``.
+        rows: tidy rows ``{"variable", "x", "repeat", "error"}``.
+        laws: the fitted power law of every swept variable.
+        claimed: the exponent the paper claims for every swept variable.
+        constant: the smallest ``C`` with mean error ``<= C * rhs`` at every swept
+            value of every variable (the theorems bound expectations, so the mean over
+            the repeats is compared).
+        claimed_rhs: ``{"variable", "x", "mean_error", "rhs"}`` per swept value.
+        settings: the sizes and parameters used.
+        findings: measurements beside the sweeps (named, with a short reason).
+    """
+
+    theorem: str
+    rows: list[Row]
+    laws: dict[str, PowerLaw]
+    claimed: dict[str, float]
+    constant: FittedConstant
+    claimed_rhs: list[dict[str, float | str]]
+    settings: dict[str, Any] = field(default_factory=dict)
+    findings: dict[str, Any] = field(default_factory=dict)
+
+
+def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], seed: int,
+             findings: dict[str, Any] | None = None) -> ScalingStudy:
+    """Rows, laws and the constant of ``sweeps`` (every sweep needs two or more values
+    and positive errors; the bootstrap is seeded by ``seed``)."""
+    rows: list[Row] = []
+    laws: dict[str, PowerLaw] = {}
+    table: list[dict[str, float | str]] = []
+    for sweep in sweeps:
+        sweep_rows = sweep.rows()
+        rows.extend(sweep_rows)
+        laws[sweep.variable] = fit_power_law([r["x"] for r in sweep_rows], [r["error"] for r in sweep_rows], seed=seed)
+        means = sweep.errors.mean(axis=1)
+        table.extend(
+            {"variable": sweep.variable, "x": float(x), "mean_error": float(m), "rhs": float(b)}
+            for x, m, b in zip(sweep.values, means, sweep.rhs)
+        )
+    constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
+    return ScalingStudy(theorem, rows, laws, {s.variable: s.claimed for s in sweeps}, constant, table,
+                        settings, findings or {})
+
+
+def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float]) -> str:
+    """One line: every fitted exponent with its interval beside the claimed one, and
+    plainly where they disagree."""
+    parts = []
+    for name, law in laws.items():
+        verdict = "agrees" if law.contains(claimed[name]) else "DISAGREES"
+        parts.append(
+            f"{name}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed {claimed[name]:+.2f} ({verdict})"
+        )
+    return "; ".join(parts)

@@ -1,0 +1,203 @@
+"""Convergence rates in ``T`` of Federated-Clustering (Werner et al., Thm 3.3, eq.
+22-23) and Momentum-Clustering (Thm 3.4, eq. 27-28) on the synthetic linear
+regression of Sec. 4.1.
+
+Measured: ``(1/T) sum_t mean_i ||grad f_i(x_{i,t-1})||^2`` over the honest clients,
+with true full local gradients, for the learning rate that the theorems prescribe for
+each horizon ``T``.  Claimed exponent in ``T``: -1/2 (and -1/4 for MC's ``beta`` term).
+
+The instance (built by :mod:`theory_checks.scaling_rate_problem`; every choice has a
+reason):
+
+* ``noise > 0`` on the targets and batches of ``b`` out of ``m`` samples, float64, so
+  the gradients stay stochastic at the optimum.
+* Every client of a cluster holds the same data set (its cluster's first client's),
+  and draws its own batches.  Then ``f_i`` is the cluster's loss, Assumption 4 holds
+  with ``A = 0`` and Assumption 1's iid gradients hold.  With each client's own
+  noisy data the local minimisers differ, ``grad f_i`` does not vanish where
+  ``grad fbar_i`` does (``A = inf``), and the measured quantity floors at
+  ``||grad f_i(xbar*)||^2``: the finding ``independent_data_floor`` computes it.
+* ``sigma``: linear regression's per-sample gradient noise grows with ``||x - x*||``
+  (no finite bound over all ``x``, Assumption 6), so it is taken at the cluster
+  minimisers, where it sets the rate's stochastic term.  ``Delta``: the smallest
+  cross-cluster gradient distance ``||grad f_i(x) - grad f_j(x)||`` at the origin
+  (near the start) and at the minimisers (Assumption 5 with ``D = 0``).  ``L`` and
+  ``mu``: extreme eigenvalues of the clients' Hessians ``A_i^T A_i / m``.
+* Learning rate, Thm 3.4 (and the standard choice for Thm 3.3, whose proof instead
+  keeps ``eta = 1/L`` and grows the batch with ``T``, eq. 121, which a fixed batch
+  below ``m`` rules out): ``eta_T = min(1/L, c sqrt(F_0 / (L T E)))``, ``E =
+  rho^2/n + rho^3/Delta``, ``F_0 = f_i(x_0) - f_i*`` (the smallest over the honest
+  clients).  The hidden constant ``c`` is set so that ``eta = lr_cap / L`` at the
+  smallest ``T``: the ``sqrt`` branch is then the active one on the whole sweep.
+  ``lr_cap = 0.2`` rather than 1: at ``eta = 1/L`` (so ``alpha = 1``) MC's messages
+  move further than the radius in one round and leave its warm-started centres
+  behind; both methods use the same rule.
+* FC: radius ``tau = sqrt(delta rho Delta)`` and rounds of eq. (22), ``rho =
+  sigma / sqrt(b)`` (Lemma 7).  MC: ``alpha = L eta`` (``alpha >~ L eta``), rounds of
+  eq. (27), and a quantile radius (``q = delta / 2``).  MC's momenta start at 0 (eq.
+  29), so at first they are only ``alpha Delta`` apart, and they all tend to 0 as the
+  models converge: Assumption 9's separation cannot hold for all ``t``.  With the
+  fixed radius ``sqrt(delta sqrt(alpha) rho Delta)`` the warm-started centres then
+  merge (for good: identical centres stay identical) or lose every point; the finding
+  ``theory_radius`` measures MC with it.
+* MC under attack: one Byzantine client per cluster running the ball-edge attack
+  (the paper's threat model: just inside the current ball, pushing away).
+
+The repeats use different federation seeds (batches and the initial model); each
+repeat is a separate run, as the algorithms are stateful objects.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import torch
+
+import defenses
+from robust_pfl.federation import Federation
+from theory_checks import bounds
+from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
+from theory_checks.scaling_rate_problem import (
+    RATE_BUDGETS,
+    RateProblem,
+    RateSizes,
+    federation_for,
+    independent_data_floor,
+    learning_rate,
+    optimality_gap,
+    rate_problem,
+)
+
+
+def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation, horizon: int) -> float:
+    """``(1/T) sum_{t=1}^T mean_i ||grad f_i(x_{i,t-1})||^2`` over honest clients, with
+    full local gradients (the left side of eq. 23 and eq. 28)."""
+    honest = federation.honest
+    total = torch.zeros((), dtype=torch.float64)
+    for round_index in range(horizon):
+        gradients = federation.objective.paired_gradients(algorithm.client_models(), federation.train)
+        total += gradients[honest].square().sum(-1).mean()
+        algorithm.step(round_index)
+    return float(total) / horizon
+
+
+def fc_options(problem: RateProblem, eta: float) -> dict[str, Any]:
+    """FC's settings of Thm 3.3: radius ``sqrt(delta rho Delta)``, rounds of eq. (22)."""
+    tau = float(bounds.clustering_radius(problem.cluster_fraction, problem.batch_sigma, problem.separation))
+    rounds = bounds.clustering_rounds(problem.sample_sigma, problem.separation, problem.cluster_fraction,
+                                      batch_size=problem.batch_size)
+    return {"lr": eta, "radius": tau, "clustering_rounds": rounds}
+
+
+def mc_options(problem: RateProblem, eta: float, radius: str = "quantile") -> dict[str, Any]:
+    """MC's settings of Thm 3.4: ``alpha = L eta``, rounds of eq. (27); the radius is the
+    quantile ``delta / 2`` or (``radius="theory"``) ``sqrt(delta sqrt(alpha) rho Delta)``."""
+    alpha = min(1.0, problem.smoothness * eta)
+    noise = math.sqrt(alpha) * problem.batch_sigma
+    if radius == "theory":
+        spec: Any = float(bounds.clustering_radius(problem.cluster_fraction, noise, problem.separation))
+    else:
+        spec = {"policy": "quantile", "q": problem.cluster_fraction / 2}
+    rounds = bounds.clustering_rounds(problem.batch_sigma, problem.separation, problem.cluster_fraction, alpha=alpha)
+    return {"lr": eta, "alpha": alpha, "radius": spec, "clustering_rounds": rounds}
+
+
+def _run(problem: RateProblem, method: str, horizon: int, seed: int, sizes: RateSizes,
+         attack: str | None = None, radius: str = "quantile") -> tuple[float, dict[str, Any]]:
+    """One run: the measured average, and the options used with (MC) ``merged``:
+    whether every honest client ends on one centre although there are two or more
+    clusters (warm-started centres that met stay together, Alg. 4)."""
+    federation = federation_for(problem, seed, attack)
+    eta = learning_rate(problem, optimality_gap(problem, federation), horizon, sizes)
+    options = fc_options(problem, eta) if method == "fc" else mc_options(problem, eta, radius)
+    algorithm = defenses.build(method, federation, options)
+    algorithm.snapshot_records = False
+    error = average_gradient_norm(algorithm, federation, horizon)
+    if method == "mc":
+        honest_centres = algorithm.assignment[federation.honest].unique().numel()
+        options = {**options, "merged": honest_centres == 1 < federation.clusters}
+    return error, options
+
+
+def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: float, sizes: RateSizes,
+                   seed: int, rhs, attack: str | None = None) -> tuple[Sweep, list[dict[str, Any]]]:
+    """Errors ``[horizons, repeats]`` (repeat ``r`` uses federation seed ``seed * 1000
+    + r``), and per horizon the options of repeat 0 (with, for MC, how many repeats
+    ended with merged centres)."""
+    errors = np.empty((len(sizes.horizons), sizes.repeats))
+    used = []
+    for row, horizon in enumerate(sizes.horizons):
+        merged = 0
+        for repeat in range(sizes.repeats):
+            errors[row, repeat], options = _run(problem, method, horizon, seed * 1000 + repeat, sizes, attack)
+            merged += int(options.pop("merged", False))
+            if repeat == 0:
+                first = {"T": horizon, **options}
+        used.append({**first, "merged_runs": merged} if method == "mc" else first)
+    values = tuple(float(h) for h in sizes.horizons)
+    return Sweep(variable, values, errors, tuple(float(r) for r in rhs(np.array(values))), claimed), used
+
+
+def _problem_settings(problem: RateProblem, sizes: RateSizes) -> dict[str, Any]:
+    return {**asdict(sizes), "L": problem.smoothness, "mu": problem.strong_convexity,
+            "sigma_sample": problem.sample_sigma, "rho": problem.batch_sigma, "Delta": problem.separation,
+            "delta": problem.cluster_fraction, "beta": problem.byzantine_fraction, "E": problem.base_error}
+
+
+def fc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed: int = 0) -> ScalingStudy:
+    """Thm 3.3: FC's average squared gradient norm against ``T`` (claimed ``T^{-1/2}``),
+    and the hidden constant of eq. (23) (``A = 0``, ``beta = 0``, ``sigma`` per sample
+    as eq. 23 states it)."""
+    chosen = sizes or RATE_BUDGETS[budget]
+    problem = rate_problem(chosen)
+
+    def rhs(horizons: np.ndarray) -> np.ndarray:
+        return bounds.fc_rate(0.0, problem.sample_sigma, problem.separation, problem.cluster_size, 0.0, horizons)
+
+    sweep, used = _horizon_sweep(problem, "fc", "T", -0.5, chosen, seed, rhs)
+    floor = independent_data_floor(chosen)
+    floor["measured_at_largest_T"] = float(sweep.errors[-1].mean())
+    settings = {**_problem_settings(problem, chosen), "runs": used, "seed": seed}
+    return assemble("thm3.3", [sweep], settings, seed, {"independent_data_floor": floor})
+
+
+def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed: int = 0) -> ScalingStudy:
+    """Thm 3.4: MC's average squared gradient norm against ``T``, without attack
+    (claimed ``T^{-1/2}``) and under the ball-edge attack (claimed ``T^{-1/4}`` where
+    the ``beta`` term dominates), and the hidden constant of eq. (28)."""
+    chosen = sizes or RATE_BUDGETS[budget]
+    clean = rate_problem(chosen)
+    attacked = rate_problem(chosen, chosen.byzantine_per_cluster)
+
+    def rhs_for(problem: RateProblem):
+        def rhs(horizons: np.ndarray) -> np.ndarray:
+            return bounds.mc_rate(problem.batch_sigma, problem.separation, problem.cluster_size,
+                                  problem.byzantine_fraction, horizons)
+        return rhs
+
+    sweep, used = _horizon_sweep(clean, "mc", "T", -0.5, chosen, seed, rhs_for(clean))
+    attacked_sweep, attacked_used = _horizon_sweep(attacked, "mc", "T_attacked", -0.25, chosen, seed,
+                                                   rhs_for(attacked), attack="ball_edge")
+    findings = {"theory_radius": theory_radius_runs(clean, chosen, seed, sweep)}
+    settings = {**_problem_settings(clean, chosen), "beta_attacked": attacked.byzantine_fraction,
+                "delta_attacked": attacked.cluster_fraction, "runs": used, "runs_attacked": attacked_used,
+                "seed": seed}
+    return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings)
+
+
+def theory_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, quantile_sweep: Sweep) -> dict[str, Any]:
+    """MC with the fixed radius ``sqrt(delta sqrt(alpha) rho Delta)`` at the smallest and
+    largest horizon (same seeds), beside the quantile-radius sweep's mean errors."""
+    out: dict[str, Any] = {}
+    for index in (0, len(sizes.horizons) - 1):
+        horizon = sizes.horizons[index]
+        runs = [_run(problem, "mc", horizon, seed * 1000 + r, sizes, radius="theory") for r in range(sizes.repeats)]
+        errors = [error for error, _ in runs]
+        out[f"T={horizon}"] = {"theory_radius_mean_error": float(np.mean(errors)),
+                               "theory_radius_errors": errors,
+                               "theory_radius_merged_runs": sum(int(options["merged"]) for _, options in runs),
+                               "quantile_radius_mean_error": float(quantile_sweep.errors[index].mean())}
+    return out
