@@ -86,3 +86,9 @@ def test_fit_constant_edge_cases():
         bounds.fit_constant([1.0, 2.0], [1.0])
     with pytest.raises(ValueError, match="no constant is decided"):
         bounds.fit_constant([0.0], [0.0])
+
+
+def test_clustering_rounds_at_one_cluster():
+    # delta_i = 1: log(0.01) / log(1/2) = 6.64 -> 7 rounds (eq. 13 has no jump there)
+    assert bounds.clustering_rounds(1.0, 100.0, 1.0) == 7
+    assert bounds.clustering_rounds(1.0, 100.0, 0.999) == 7

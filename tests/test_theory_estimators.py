@@ -533,3 +533,24 @@ def test_bad_input_raises_errors_naming_the_argument():
         momentum_constants(torch.zeros(3, dtype=F64), torch.tensor([0, 0, 1]))
     with pytest.raises(ValueError, match="byzantine must be a 1-D boolean mask"):
         federation_fractions(torch.tensor([0, 1]), torch.tensor([0, 1]))
+
+
+def test_a_nan_gradient_makes_the_ratio_nan_not_zero():
+    """A NaN gradient of an included client is no evidence that Assumption 4 holds:
+    eq. (31) is NaN there, and so is the maximum (a diverged model shows up)."""
+    gradients = torch.ones(1, 4, 3, dtype=torch.float64)
+    gradients[0, 1] = torch.tensor([1.0, 2.0, 3.0])
+    clusters = torch.tensor([0, 0, 1, 1])
+    assert math.isfinite(intra_cluster_ratio(gradients, clusters).value)
+    gradients[0, 3] = math.nan
+    assert math.isnan(intra_cluster_ratio(gradients, clusters).value)
+
+
+@pytest.mark.parametrize("first_nan", [True, False])
+def test_combined_estimate_is_nan_when_a_part_is(first_nan):
+    from theory_checks.types import Estimate
+
+    nan, number = Estimate("A2", math.nan, "max", 2), Estimate("A2", 3.0, "max", 5)
+    parts = (nan, number) if first_nan else (number, nan)
+    combined = parts[0].combined(parts[1])
+    assert math.isnan(combined.value) and combined.samples == 7

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import theory_checks.statements  # noqa: F401  registers the real statements before the fake ones replace them
 from robust_pfl import cli
-from theory_checks.report import contradicts_kind, exponent_verdict, write_report
+from theory_checks.report import contradicts_kind, write_report
 from theory_checks.statements import registry
 from theory_checks.statements.registry import Statement
 from theory_checks.types import CheckResult, FittedConstant, PowerLaw
@@ -132,7 +132,8 @@ def test_exponent_section_says_disagrees_where_the_claim_is_outside(report):
     section = report[2].split("## Scaling exponents")[1].split("## Counterexamples")[0]
     sigma_row = next(line for line in section.splitlines() if line.startswith("| scaling | sigma"))
     n_row = next(line for line in section.splitlines() if line.startswith("| scaling | n"))
-    assert "DISAGREES (claimed 3 outside [1.9, 2.1])" in sigma_row
+    # fitted 2.0 against a claimed 3: error / bound ~ sigma^-1 (the bound is loose there)
+    assert "DISAGREES (claimed 3 above [1.9, 2.1]: error / bound ~ x^-1.00)" in sigma_row
     assert n_row.rstrip(" |").endswith("agrees") and "DISAGREES" not in n_row
 
 
@@ -225,10 +226,13 @@ def test_cli_default_budget_is_full(tmp_path, monkeypatch):
 )
 def test_exponent_verdict_disagrees_iff_claim_outside_interval(low, width, claimed):
     law = PowerLaw(exponent=low + width / 2, low=low, high=low + width, prefactor=1.0)
-    verdict = exponent_verdict(law, claimed)
+    verdict = law.verdict(claimed)
     outside = claimed < low or claimed > low + width
     assert verdict.startswith("DISAGREES") == outside
     assert (verdict == "agrees") == (not outside)
+    if outside:  # the side named is where the claim lies; the ratio's exponent is fitted - claimed
+        assert ("below" in verdict) == (claimed < low)
+        assert f"x^{law.exponent - claimed:+.2f}" in verdict
 
 
 @pytest.mark.parametrize("kind", ["exact", "corrected", "false_as_printed", "up_to_constant"])

@@ -323,3 +323,28 @@ def test_quick_rate_checks(name):
     assert set(result.exponents) == ({"T"} if name == "thm3.3" else {"T", "T_attacked"})
     law, claimed = result.exponents["T"]
     assert claimed == -0.5 and law.exponent < 0  # the average squared gradient falls with T
+
+
+def _study(variable: str, errors_scale: float) -> "ScalingStudy":
+    """error = x^(errors_scale) * (1 + small spread) against a bound rhs = 1 / x."""
+    from theory_checks.scaling_common import Sweep, assemble
+
+    values = (2.0, 4.0, 8.0, 16.0, 32.0)
+    spread = np.array([0.98, 1.0, 1.02])
+    errors = np.array([[x**errors_scale * s for s in spread] for x in values])
+    sweep = Sweep(variable, values, errors, tuple(1.0 / x for x in values), claimed=-1.0)
+    return assemble("thm-test", [sweep], {}, seed=0)
+
+
+def test_growing_ratio_breaks_an_unbounded_variable_only():
+    """An upper bound with a hidden constant fails when error / rhs grows like a power
+    of a variable that can grow without limit (here like x^0.5); a flat ratio, or growth
+    in beta (capped by delta_i), does not break it."""
+    from theory_checks.statements.rates import growing_ratio
+
+    found = growing_ratio(_study("T", -0.5))
+    assert found is not None and found["variable"] == "T"
+    assert found["ratio_exponent"] == pytest.approx(0.5, abs=0.02)
+    assert found["ratios"] == pytest.approx([x**0.5 for x in (2.0, 4.0, 8.0, 16.0, 32.0)])
+    assert growing_ratio(_study("T", -1.0)) is None  # error tracks the bound
+    assert growing_ratio(_study("beta", -0.5)) is None

@@ -41,7 +41,7 @@ def clustering_rounds(sigma: float, separation: float, cluster_fraction: float, 
     if not 0 < cluster_fraction <= 1:
         raise ValueError(f"cluster_fraction must be in (0, 1], got {cluster_fraction}")
     ratio = math.sqrt(alpha) * sigma / (math.sqrt(batch_size) * separation)
-    if ratio >= 1 or cluster_fraction == 1:
+    if ratio >= 1:
         return 1
     return max(1, math.ceil(math.log(ratio) / math.log(1 - cluster_fraction / 2)))
 

@@ -54,14 +54,6 @@ def status_text(result: CheckResult) -> str:
     return "holds"
 
 
-def exponent_verdict(law: PowerLaw, claimed: float) -> str:
-    """``agrees`` when the claimed exponent lies in the fitted interval, else says
-    plainly where it lies."""
-    if law.contains(claimed):
-        return "agrees"
-    return f"DISAGREES (claimed {claimed:g} outside [{law.low:.3g}, {law.high:.3g}])"
-
-
 def evidence_text(result: CheckResult) -> str:
     """One table cell: the check's own line when it wrote one (it states its instances,
     slack, exponents or constant), else those facts from the result's fields; then a
@@ -139,7 +131,7 @@ def render_report(
         for name, variable, law, claimed in fits:
             interval = f"[{law.low:.3g}, {law.high:.3g}] ({law.level:.0%}, {law.points} points)"
             lines.append("| " + " | ".join(cell(text) for text in (
-                name, variable, f"{law.exponent:.3g}", interval, f"{claimed:g}", exponent_verdict(law, claimed),
+                name, variable, f"{law.exponent:.3g}", interval, f"{claimed:g}", law.verdict(claimed),
             )) + " |")
     else:
         lines.append("No statement fitted a scaling exponent.")

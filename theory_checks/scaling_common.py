@@ -90,10 +90,8 @@ def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], se
 def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float]) -> str:
     """One line: every fitted exponent with its interval beside the claimed one, and
     plainly where they disagree."""
-    parts = []
-    for name, law in laws.items():
-        verdict = "agrees" if law.contains(claimed[name]) else "DISAGREES"
-        parts.append(
-            f"{name}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed {claimed[name]:+.2f} ({verdict})"
-        )
-    return "; ".join(parts)
+    return "; ".join(
+        f"{name}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed {claimed[name]:+.2f} "
+        f"({law.verdict(claimed[name])})"
+        for name, law in laws.items()
+    )

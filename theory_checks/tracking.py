@@ -28,10 +28,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from robust_pfl.data import Batch
 from robust_pfl.tasks import Task
 from robust_pfl.types import RoundRecord
 from theory_checks.estimators import (
     batch_noise,
+    full_gradients,
     gradient_noise,
     intra_cluster_ratio,
     momentum_constants,
@@ -74,28 +76,30 @@ class TheoryTracker:
         """Whether to measure after ``done`` of ``total`` rounds (round 0 included)."""
         return done % self.every == 0 or done == total
 
-    def measure(self, models: Tensor, record: RoundRecord | None = None) -> dict[str, float]:
-        """``{metric: value}`` at the clients' ``models[N, d]`` (honest rows are read)."""
+    def measure(self, models: Tensor, record: RoundRecord | None = None, train: Batch | None = None) -> dict[str, float]:
+        """``{metric: value}`` at the clients' ``models[N, d]`` (honest rows are read);
+        ``train`` replaces the task's training data when the run re-deals it."""
         wanted = set(self.estimate)
         own = models[self._honest]
+        data = self._data if train is None else train.select(self._honest)
         out: dict[str, float] = {}
         if wanted & {"A", "Delta"}:
-            ratio, gap = self._gradient_constants(own, "A" in wanted, "Delta" in wanted)
+            ratio, gap = self._gradient_constants(own, data, "A" in wanted, "Delta" in wanted)
             if ratio is not None:
                 out["theory_A2"] = ratio.value
             if gap is not None:
                 out["theory_Delta2"] = gap.value
         objective = self.task.objective
         if "sigma" in wanted:
-            noise = gradient_noise(objective, own, self._data)
+            noise = gradient_noise(objective, own, data)
             out["theory_sigma2"] = noise.value
-            samples = self._data.inputs.shape[1]
+            samples = data.inputs.shape[1]
             if self.batch_size is not None and self.batch_size < samples:
                 out["theory_sigma2_batch"] = float(batch_noise(noise.value, self.batch_size, samples))
         if "L" in wanted:
-            out["theory_L"] = smoothness(objective, own, self._data, iterations=self.power_iterations).value
+            out["theory_L"] = smoothness(objective, own, data, iterations=self.power_iterations).value
         if "mu" in wanted:
-            out["theory_mu"] = strong_convexity(objective, own, self._data, iterations=self.power_iterations).value
+            out["theory_mu"] = strong_convexity(objective, own, data, iterations=self.power_iterations).value
         if "momentum" in wanted and record is not None and record.momenta is not None:
             constants = momentum_constants(record.momenta[self._honest], self._clusters)
             out["theory_momentum_Delta2"] = constants["Delta2"].value
@@ -103,16 +107,17 @@ class TheoryTracker:
         return out
 
     def _gradient_constants(
-        self, own: Tensor, ratio: bool, gap: bool
+        self, own: Tensor, data: Batch, ratio: bool, gap: bool
     ) -> tuple[Estimate | None, Estimate | None]:
         """A^2 and Delta^2 over the distinct honest models, in chunks of models whose
-        cross gradients ``[m, H, d]`` fit the memory budget."""
+        cross gradients ``[m, H, d]`` fit the memory budget (each chunk evaluated by
+        :func:`full_gradients`, which also bounds the samples per call)."""
         points = torch.unique(own, dim=0)  # clients sharing a model (GT, IFCA) count once
         per_model = own.shape[0] * own.shape[1] * own.element_size() * 3  # gradients + temporaries
         chunk = max(1, (self.memory_budget_mb << 20) // max(per_model, 1))
         best_ratio = best_gap = None
         for part in torch.split(points, chunk):
-            gradients = self.task.objective.cross_gradients(part, self._data)
+            gradients = full_gradients(self.task.objective, part, data)
             if ratio:
                 found = intra_cluster_ratio(gradients, self._clusters)
                 best_ratio = found if best_ratio is None else best_ratio.combined(found)

@@ -47,11 +47,12 @@ class Estimate:
 
 
 def _better(candidate: float, current: float, extreme: Extreme) -> bool:
-    """Whether ``candidate`` beats ``current`` for a ``max``/``min`` estimate (NaN never
-    beats a number; a number beats NaN)."""
-    if math.isnan(candidate):
-        return False
+    """Whether ``candidate`` beats ``current`` for a ``max``/``min`` estimate.  NaN wins,
+    as in torch's reductions: a combined estimate is NaN whenever a part is, whatever
+    the chunking."""
     if math.isnan(current):
+        return False
+    if math.isnan(candidate):
         return True
     return candidate > current if extreme == "max" else candidate < current
 
@@ -85,6 +86,16 @@ class PowerLaw:
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
+
+    def verdict(self, claimed: float) -> str:
+        """``agrees`` when ``claimed`` lies in the interval; else says plainly how the
+        measured / claimed ratio then scales, ``x^(exponent - claimed)``: growing along a
+        variable without limit breaks an upper bound, shrinking means it is loose."""
+        if self.contains(claimed):
+            return "agrees"
+        side = "below" if claimed < self.low else "above"
+        return (f"DISAGREES (claimed {claimed:g} {side} [{self.low:.3g}, {self.high:.3g}]: "
+                f"error / bound ~ x^{self.exponent - claimed:+.2f})")
 
 
 Status = Literal["holds", "holds_with_constant", "fails"]

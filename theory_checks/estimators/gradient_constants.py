@@ -48,15 +48,17 @@ def _selected(gradients: Tensor, clusters: Tensor, include: Tensor | None) -> tu
 
 def _ratios(selected: Tensor, groups: Tensor) -> Tensor:
     """Eq. (31) per point and client, ``[M, k]``: ``||g_i - gbar||^2 / ||gbar||^2`` with
-    ``gbar`` the mean of ``i``'s cluster among the selected clients (0/0 -> 0, x/0 -> inf)."""
+    ``gbar`` the mean of ``i``'s cluster among the selected clients (0/0 -> 0, x/0 -> inf,
+    NaN where a gradient is NaN)."""
     models, _, dim = selected.shape
     count = int(groups.max()) + 1
     sizes = torch.bincount(groups, minlength=count).to(selected.dtype)
     means = selected.new_zeros(models, count, dim).index_add_(1, groups, selected) / sizes.unsqueeze(-1)
     spread = (selected - means[:, groups]).square().sum(-1)
     scale = means.square().sum(-1)[:, groups]
-    zero, inf = spread.new_zeros(()), spread.new_full((), math.inf)
-    return torch.where(scale > 0, spread / scale, torch.where(spread > 0, inf, zero))
+    zero, inf, nan = spread.new_zeros(()), spread.new_full((), math.inf), spread.new_full((), math.nan)
+    ratio = torch.where(scale > 0, spread / scale, torch.where(spread > 0, inf, zero))
+    return torch.where(spread.isnan() | scale.isnan(), nan, ratio)  # a NaN gradient is no evidence of 0
 
 
 def intra_cluster_ratio(gradients: Tensor, clusters: Tensor, include: Tensor | None = None) -> Estimate:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from theory_checks.fitting import fit_power_law
 from theory_checks.scaling import ScalingStudy, clustering_study, describe_laws, fc_rate_study, mc_rate_study
 from theory_checks.statements.registry import Budget, register
 from theory_checks.types import CheckResult
@@ -14,12 +15,43 @@ from theory_checks.types import CheckResult
 # A ratio to the bound that grows by at least this factor at every step of a family of
 # instances (each step multiplies n_i and Delta / sigma by 4) is taken as unbounded.
 DIVERGENCE_FACTOR = 2.0
+# Variables the theorems let grow without limit; beta_i is capped by delta_i
+# (beta_i <~ delta_i), so a ratio growing in beta stays bounded on its domain.
+BOUNDED_VARIABLES = frozenset({"beta"})
+# A swept variable whose error / bound ratio grows at least like x^RATIO_GROWTH (the
+# whole bootstrap interval of its exponent above it) breaks the bound's shape.
+RATIO_GROWTH = 0.05
+
+
+def growing_ratio(study: ScalingStudy) -> dict[str, Any] | None:
+    """The first unbounded variable along which ``error / rhs`` grows like a power of
+    the variable (interval above :data:`RATIO_GROWTH`), as a counterexample; ``None``
+    if the ratio stays bounded along every such variable."""
+    for variable in study.laws:
+        if variable in BOUNDED_VARIABLES:
+            continue
+        rhs = {entry["x"]: entry["rhs"] for entry in study.claimed_rhs if entry["variable"] == variable}
+        rows = [row for row in study.rows if row["variable"] == variable]
+        law = fit_power_law([row["x"] for row in rows], [row["error"] / rhs[row["x"]] for row in rows])
+        if law.low > RATIO_GROWTH:
+            table = [entry for entry in study.claimed_rhs if entry["variable"] == variable]
+            return {
+                "reason": f"the mean error / bound ratio grows like {variable}^{law.exponent:.2f} "
+                          f"[{law.low:.2f}, {law.high:.2f}]: no constant covers every {variable}",
+                "variable": variable,
+                "values": [entry["x"] for entry in table],
+                "ratios": [entry["mean_error"] / entry["rhs"] for entry in table],
+                "ratio_exponent": law.exponent,
+            }
+    return None
 
 
 def _result(statement: str, study: ScalingStudy, note: str = "",
             counterexample: dict[str, Any] | None = None) -> CheckResult:
     """The check's result from a study: ``holds_with_constant`` unless the constant is
-    infinite or ``counterexample`` shows the bound's shape failing (``fails``).  The
+    infinite, the error / bound ratio grows along an unbounded variable
+    (:func:`growing_ratio`), or ``counterexample`` shows the bound's shape failing
+    (``fails``).  The
     evidence line holds the exponents and the constant; ``note`` (what the study found
     beyond them) goes to ``details["notes"]``, the report's findings."""
     constant = study.constant
@@ -29,6 +61,8 @@ def _result(statement: str, study: ScalingStudy, note: str = "",
     if counterexample is None and constant.value == float("inf"):
         table = study.claimed_rhs[constant.decisive]
         counterexample = {"reason": "measured error > 0 where the bound's right-hand side is 0", **table}
+    if counterexample is None:
+        counterexample = growing_ratio(study)
     if counterexample is not None:
         status = "fails"
     details = {"rows": study.rows, "claimed_rhs": study.claimed_rhs, "settings": study.settings,
