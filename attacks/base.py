@@ -23,11 +23,10 @@ allocation per delivery).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Callable, Collection, Mapping
 
-from robust_pfl.registry import registrar
+from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
 from robust_pfl.types import Attack
 from robust_pfl.types import attack_reads_messages as reads_messages  # re-exported
 
@@ -46,34 +45,28 @@ register = registrar(REGISTRY, "attack", _known_needs)
 
 
 def build(name: str, options: Mapping[str, Any] | None = None) -> Attack:
-    """Construct a registered attack from plain options (validated by the class)."""
+    """Construct a registered attack from plain options (validated by the class).
+
+    Raises:
+        ValueError: an unknown name (with the registered ones), or an option the
+            attack does not take (with the attack's own options and defaults).
+    """
     if name not in REGISTRY:
-        raise ValueError(f"unknown attack {name!r}; registered: {sorted(REGISTRY)}")
-    try:
-        return REGISTRY[name](**dict(options or {}))
-    except TypeError as error:
-        raise ValueError(f"attack {name!r}: {error}") from None
+        raise ValueError(f"unknown attack {name!r}{did_you_mean(name, REGISTRY)}; registered: {sorted(REGISTRY)}")
+    options = dict(options or {})
+    check_options(name, f"attack {name!r}", options, init_parameters(REGISTRY[name]))
+    return REGISTRY[name](**options)
 
 
 def describe(cls: type) -> dict[str, Any]:
     """What ``robust-pfl attacks`` prints for one attack class: ``name``, ``summary``,
     ``needs`` (sorted list; the class's upper bound) and ``parameters`` (every
-    constructor field with its default)."""
-    parameters: dict[str, Any] = {}
-    for item in dataclasses.fields(cls):
-        if not item.init:
-            continue
-        if item.default is not dataclasses.MISSING:
-            parameters[item.name] = item.default
-        elif item.default_factory is not dataclasses.MISSING:
-            parameters[item.name] = item.default_factory()
-        else:
-            parameters[item.name] = None
+    constructor parameter with its default; ``"required"`` where there is none)."""
     return {
         "name": cls.name,
         "summary": cls.summary,
         "needs": sorted(cls.needs),
-        "parameters": parameters,
+        "parameters": init_parameters(cls),
     }
 
 

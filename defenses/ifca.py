@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, group_mean, register
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
 from defenses.threshold_clustering import admissible_points
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
@@ -34,9 +34,9 @@ class IFCAModelAveragingParams(IFCAParams):
 
 
 class _ClusterChoice(Algorithm):
-    """What both IFCA options share: K models, the lowest-loss choice, the round
-    record and the personalised models.  Subclasses define :meth:`_cluster_means`
-    (how the server combines the received messages per cluster) and :meth:`step`."""
+    """What both IFCA options share: K models, the lowest-loss choice, the server's
+    per-cluster mean of the admissible messages, the round record and the personalised
+    models.  Subclasses define :meth:`step`."""
 
     forms_clusters = True
 
@@ -53,8 +53,9 @@ class _ClusterChoice(Algorithm):
         self.assignment = self.federation.cross_losses(self.models, batch).argmin(dim=0)
 
     def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-model combination of ``messages[..., N, d]``: ``(means[..., K, d], sizes[..., K])``."""
-        raise NotImplementedError
+        """Per-model mean of the admissible ``messages[..., N, d]`` of the clients that
+        picked it: ``(means[..., K, d], sizes[..., K])`` (see :func:`admissible_group_mean`)."""
+        return admissible_group_mean(messages, self.assignment, self.models.shape[0])
 
     def _defense_state(self) -> dict[str, Any]:
         """What adaptive attacks see: the models, the choice, and the server's
@@ -80,7 +81,12 @@ class _ClusterChoice(Algorithm):
 
 @register
 class IFCA(_ClusterChoice):
-    """IFCA with gradient averaging (Ghosh et al., Alg. 1 Option I)."""
+    """IFCA with gradient averaging (Ghosh et al., Alg. 1 Option I).
+
+    Model k moves by the mean of the admissible received gradients (finite squared
+    norm, as in :func:`defenses.threshold_clustering.admissible_points`) of the clients
+    that picked it; a model whose clients sent none stays unchanged, so one NaN, Inf or
+    overflowing row cannot stop a model's training."""
 
     name = "ifca"
     summary = "IFCA: K models, each client picks its lowest-loss model, gradient averaging"
@@ -90,9 +96,6 @@ class IFCA(_ClusterChoice):
     def __init__(self, federation: Federation, params: IFCAParams, initial_models: Tensor | None = None) -> None:
         super().__init__(federation, params, initial_models)
         self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
-
-    def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
-        return group_mean(messages, self.assignment, self.models.shape[0])
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
@@ -131,9 +134,6 @@ class IFCAModelAveraging(_ClusterChoice):
     summary = "IFCA: K models, each client picks its lowest-loss model, local SGD, model averaging"
     reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option II"
     Params = IFCAModelAveragingParams
-
-    def _cluster_means(self, messages: Tensor) -> tuple[Tensor, Tensor]:
-        return admissible_group_mean(messages, self.assignment, self.models.shape[0])
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation

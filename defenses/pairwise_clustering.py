@@ -54,6 +54,7 @@ from defenses.ball_membership import (
     decided_by_rounding,
     inside_ball,
     mask_distances,
+    row_copies,
     warn_decided_by_rounding,
 )
 from defenses.radius import RadiusPolicy
@@ -90,6 +91,8 @@ def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -
     their own squared norms, so the ``N^2 d`` product shrinks to the near block's
     (52 of 64 rows of d = 159,010: 7.0-8.0 against 8.7-10.2 ms per problem, 13 at once)."""
     start_norms = _rowdot(centres, centres)  # [B, K]
+    if z.numel() == 0 or centres.shape[1] == 0:  # no rows to leave out, no reach to bound
+        return PairwiseProducts(*_all_products(z, centres, index), start_norms)
     lo, hi = _near_block(z, start_norms.amax(-1))
     if (lo, hi) == (0, z.shape[1]):
         return PairwiseProducts(*_all_products(z, centres, index), start_norms)
@@ -246,12 +249,15 @@ class _Combination:
     squared distances of every point to them and the rounding slack of each."""
 
     def __init__(
-        self, gram: Tensor, starts: Tensor, start_norms: Tensor, excluded: Tensor, dim: int, dropped: Tensor | None
+        self, z: Tensor, admissible: Tensor, gram: Tensor, starts: Tensor, start_norms: Tensor, dropped: Tensor | None
     ) -> None:
-        """``gram[B, N, N]``, ``starts[B, K, N] = <v0_k, z_j>``, ``start_norms[B, K] =
-        ||v0_k||^2``, ``excluded[B, 1, N]`` the inadmissible points, ``dim = d``,
-        ``dropped[B, N]`` the bound on the products left out of each row (or ``None``)."""
-        self.gram, self.starts, self.start_norms, self.excluded = gram, starts, start_norms, excluded
+        """``z[B, N, d]`` the points (inadmissible rows zeroed), ``admissible[B, N]``,
+        ``gram[B, N, N]``, ``starts[B, K, N] = <v0_k, z_j>``, ``start_norms[B, K] =
+        ||v0_k||^2``, ``dropped[B, N]`` the bound on the products left out of each row
+        (or ``None``)."""
+        self.gram, self.starts, self.start_norms = gram, starts, start_norms
+        self.excluded = ~admissible.unsqueeze(1)  # [B, 1, N]
+        dim = z.shape[-1]
         self.dropped = None if dropped is None else dropped.unsqueeze(1)
         self.norms = torch.diagonal(gram, dim1=-2, dim2=-1)  # ||z_j||^2, [B, N]
         self.lengths = self.norms.sqrt()
@@ -260,10 +266,24 @@ class _Combination:
         self.weights = starts.new_zeros(batch, k, n)  # W_kj
         self.n = n
         self._slack_scale = torch.finfo(gram.dtype).eps * (ROUNDING_SLACK * math.sqrt(dim) + n)
+        # rows that may be identical, by their starting distances and norms (see RowCopies)
+        squared, slack = self._squared()
+        keys = torch.cat([squared, self.norms.unsqueeze(1)], dim=1)
+        slack = torch.cat([slack, self._slack_scale * self.norms.unsqueeze(1)], dim=1)
+        self.copies = row_copies(z, admissible, keys, slack)
 
     def distances(self) -> tuple[Tensor, Tensor]:
         """``(distances, slack)``, each ``[B, K, N]``: every point's distance to every
-        centre (``inf`` for inadmissible points) and the rounding slack of its square."""
+        centre (``inf`` for inadmissible points; a copy of an earlier row gets that
+        row's) and the rounding slack of its square."""
+        squared, slack = self._squared()
+        distances = mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
+        if self.copies is None:
+            return distances, slack
+        return self.copies.spread(distances), self.copies.spread(slack)
+
+    def _squared(self) -> tuple[Tensor, Tensor]:
+        """``(squared distances, slack)`` to the current centres, each ``[B, K, N]``."""
         c = self.scale.unsqueeze(-1)
         through_points = torch.bmm(self.weights, self.gram)  # (W G)_kj
         dots = c * self.starts + through_points  # <z_j, v_k>
@@ -273,10 +293,9 @@ class _Combination:
             + (through_points * self.weights).sum(-1)
         )
         squared = self.norms.unsqueeze(1) - 2 * dots + centre_norms.unsqueeze(-1)
-        distances = mask_distances(squared.clamp_min(0).sqrt(), self.excluded)
         spread = self.scale * self.start_norms.sqrt() + torch.bmm(self.weights, self.lengths.unsqueeze(-1)).squeeze(-1)
         slack = self._slack_scale * (self.lengths.unsqueeze(1) + spread.unsqueeze(-1)).square()
-        return distances, slack if self.dropped is None else slack + self.dropped
+        return squared, slack if self.dropped is None else slack + self.dropped
 
     def step(self, inside: Tensor) -> None:
         """Eq. 24 with the ball ``inside[B, K, N]``: ``c <- a c``, ``W <- a W + 1/N``
@@ -315,16 +334,17 @@ def run_pairwise(
             starts = starts.masked_fill(~admissible.unsqueeze(1), 0.0)
     if starts is None:  # rows of the masked gram: a start at an inadmissible point is 0
         starts = torch.gather(gram, 1, start_index.unsqueeze(-1).expand(-1, -1, gram.shape[-1]))
-    combination = _Combination(
-        gram, starts, products.start_norms, ~admissible.unsqueeze(1), z.shape[-1], products.dropped
-    )
+    combination = _Combination(z, admissible, gram, starts, products.start_norms, products.dropped)
     inside = torch.zeros(starts.shape, dtype=torch.bool, device=z.device)
     tau = z.new_zeros(starts.shape[:-1])
     seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, slack
     for round_index in range(rounds):
-        distances, slack = combination.distances()
-        tau = policy(distances, round_index)
-        inside = inside_ball(distances, tau, policy.strict)
+        while True:
+            distances, slack = combination.distances()
+            tau = policy(distances, round_index)
+            inside = inside_ball(distances, tau, policy.strict)
+            if combination.copies is None or not combination.copies.split(inside):
+                break  # else identical rows were split: again with their first copy's distances
         seen.append((distances, tau, slack))
         combination.step(inside)
     if products.far is not None and bool(combination.weights[..., products.far].any()):

@@ -20,6 +20,8 @@ from typing import Any, Mapping, Protocol, Union, runtime_checkable
 import torch
 from torch import Tensor
 
+from robust_pfl.registry import check_options, did_you_mean, init_parameters
+
 
 @runtime_checkable
 class RadiusPolicy(Protocol):
@@ -36,10 +38,16 @@ def _meets(lower: Tensor, upper: Tensor, low: Tensor, high: Tensor) -> Tensor:
     return (upper >= low.unsqueeze(-1)) & (lower <= high.unsqueeze(-1))
 
 
+def _constant(like: Tensor, tau: float) -> Tensor:
+    """``tau`` for every centre, ``like.shape[:-1]`` in ``like``'s dtype; a radius past
+    the dtype's range is ``inf`` (every finite distance is within it)."""
+    return like.new_full(like.shape[:-1], tau if tau <= torch.finfo(like.dtype).max else math.inf)
+
+
 def _constant_undecided(tau: float, lower: Tensor, upper: Tensor) -> Tensor:
     """With a radius that ignores the distances, only points whose interval contains
     ``tau`` have an open membership."""
-    value = lower.new_full(lower.shape[:-1], tau)
+    value = _constant(lower, tau)
     return _meets(lower, upper, value, value)
 
 
@@ -59,7 +67,7 @@ class FixedRadius:
         _require(self.tau >= 0 and not math.isnan(self.tau), f"radius tau must be >= 0, got {self.tau}")
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
-        return distances.new_full(distances.shape[:-1], self.tau)
+        return _constant(distances, self.tau)
 
     def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
         return _constant_undecided(self.tau, lower, upper)
@@ -87,7 +95,7 @@ class TheoryRadius:
         return self.c * math.sqrt(self.delta * self.sigma * self.separation)
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
-        return distances.new_full(distances.shape[:-1], self.tau)
+        return _constant(distances, self.tau)
 
     def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
         return _constant_undecided(self.tau, lower, upper)
@@ -208,13 +216,8 @@ def make_radius(spec: RadiusSpec) -> RadiusPolicy:
         name = options.pop("policy", None)
         if name not in _POLICIES:
             raise ValueError(
-                f"radius.policy must be one of {sorted(_POLICIES)}, got {name!r}"
+                f"radius.policy must be one of {sorted(_POLICIES)}, got {name!r}{did_you_mean(name, _POLICIES)}"
             )
-        try:
-            return _POLICIES[name](**options)
-        except TypeError as error:
-            fields = sorted(_POLICIES[name].__dataclass_fields__)
-            raise ValueError(
-                f"radius policy {name!r} accepts the fields {fields}: {error}"
-            ) from None
+        check_options("radius", f"radius policy {name!r}", options, init_parameters(_POLICIES[name]))
+        return _POLICIES[name](**options)
     raise ValueError(f"radius must be a number, a mapping with 'policy', or a RadiusPolicy; got {spec!r}")

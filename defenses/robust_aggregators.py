@@ -11,6 +11,9 @@ Aggregators are frozen dataclasses, validated at construction (a bad value raise
 ``ValueError`` naming ``<aggregator>.<field>`` and the allowed values), registered in
 :data:`AGGREGATORS` by ``name``.  ``previous`` (last round's aggregate) is used by
 centered clipping and ``generator`` by bucketing; the others ignore them.
+``previous`` must have the aggregate's shape ``[..., d]`` or broadcast to it (else
+``ValueError``).  Messages may have any floating dtype (Krum's distances for float16
+and bfloat16 are taken in float32) and any ``d >= 0`` (``d = 0`` gives ``[..., 0]``).
 
 Robustness rule (shared with :mod:`defenses.threshold_clustering`): a row with a
 non-finite coordinate or a non-finite squared norm (e.g. rows of ``1e38`` in float32)
@@ -37,9 +40,9 @@ from typing import Any, ClassVar, Mapping, NamedTuple, Union
 import torch
 from torch import Tensor
 
-from robust_pfl.registry import registrar
+from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
 
-from defenses.threshold_clustering import admissible_points
+from defenses.threshold_clustering import admissible_points, euclidean_distances
 
 
 # -- masked statistics shared by every aggregator -----------------------------------------
@@ -167,7 +170,13 @@ class Aggregator:
         self.check(messages.shape[-2])
         shape = (*messages.shape[:-2], messages.shape[-1])
         if previous is not None:
-            previous = torch.broadcast_to(previous.to(messages.dtype), shape)
+            try:
+                previous = torch.broadcast_to(previous.to(messages.dtype), shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"{self.name}: previous must have the aggregate's shape {tuple(shape)} (or broadcast "
+                    f"to it) for messages of shape {tuple(messages.shape)}; got {tuple(previous.shape)}"
+                ) from None
         rows = Rows.of(messages)
         out = self._aggregate(rows, previous, generator)
         fallback = torch.zeros(shape, dtype=messages.dtype, device=messages.device)
@@ -206,13 +215,11 @@ def make_aggregator(spec: AggregatorSpec) -> Aggregator:
             f"names: {sorted(AGGREGATORS)}"
         )
     if name not in AGGREGATORS:
-        raise ValueError(f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}")
-    cls = AGGREGATORS[name]
-    try:
-        return cls(**options)
-    except TypeError as error:
-        fields = [f.name for f in dataclasses.fields(cls)]
-        raise ValueError(f"aggregator {name!r} accepts the fields {fields}: {error}") from None
+        raise ValueError(
+            f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}{did_you_mean(name, AGGREGATORS)}"
+        )
+    check_options(name, f"aggregator {name!r}", options, init_parameters(AGGREGATORS[name]))
+    return AGGREGATORS[name](**options)
 
 
 def describe(cls: type[Aggregator]) -> dict[str, Any]:
@@ -328,7 +335,7 @@ def krum_scores(rows: Rows, f: Tensor) -> Tensor:
     """
     values, admissible, count = rows
     n = values.shape[-2]
-    squared = torch.cdist(values, values, compute_mode="donot_use_mm_for_euclid_dist").square()
+    squared = euclidean_distances(values, values).square()
     self_or_absent = torch.eye(n, dtype=torch.bool, device=values.device) | ~admissible.unsqueeze(-2)
     squared = torch.where(self_or_absent | torch.isnan(squared), torch.full_like(squared, math.inf), squared)
     nearest = squared.sort(dim=-1).values.cumsum(-1)  # only +inf is ever added: no inf - inf

@@ -61,7 +61,7 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     flat = z.reshape(batch * n, dim)
     flat_index = problem * n + row
     columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
-    block = max(1, _BLOCK_BYTES // (dim * z.element_size()))
+    block = max(1, _BLOCK_BYTES // (max(dim, 1) * z.element_size()))
     buffer = _scratch("gather", (min(block, count), dim), z)
     picked = z.new_empty(count, k)  # <z_j, vectors_k> of every chosen row
     if batch > 1:
@@ -92,7 +92,7 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
     ``z`` poorly for a ``[K, N] x [N, d]`` shape with tiny ``K``); blocks of ~8 MB of
     rows run near memory bandwidth.  The loop is over row blocks, not clients."""
     n = z.shape[1]
-    rows = max(1, _BLOCK_BYTES // (z.shape[-1] * z.element_size()))
+    rows = max(1, _BLOCK_BYTES // (max(z.shape[-1], 1) * z.element_size()))
     if rows >= n:
         return torch.bmm(weights, z)
     out = torch.bmm(weights[..., :rows], z[:, :rows])
@@ -111,8 +111,8 @@ def _rowdot(a: Tensor, b: Tensor) -> Tensor:
     of the inner-product evaluations; and 1.7-2.2 against 5.0-5.3 ms for 52 such
     pairs.  ``linalg.vecdot`` multiplies into a
     fresh ``[B, K, d]`` tensor first (page faults: measured 2-5x slower in a round)."""
-    d = a.shape[-1]
-    rows = torch.bmm(a.reshape(-1, 1, d), b.reshape(-1, 1, d).transpose(1, 2))
+    count, d = math.prod(a.shape[:-1]), a.shape[-1]  # not -1: ambiguous when d = 0
+    rows = torch.bmm(a.reshape(count, 1, d), b.reshape(count, 1, d).transpose(1, 2))
     return rows.reshape(a.shape[:-1])
 
 
@@ -127,7 +127,7 @@ def _weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
     batch, n, dim = z.shape
     k = weights.shape[1]
     nonzero = weights != 0
-    width = int(nonzero.sum(-1).max())
+    width = int(nonzero.sum(-1).amax()) if nonzero.numel() else 0
     if width == 0:
         return z.new_zeros(batch, k, dim)
     if k * width > n * (0.66 if k == 1 else 1.6):

@@ -5,12 +5,22 @@ For rounds l = 1..M and each centre k, with radius tau_{k,l} from a policy::
     v_{k,l} = (1/N) sum_j [ z_j        if ||z_j - v_{k,l-1}|| <= tau_{k,l}
                             v_{k,l-1}  otherwise ]
 
-i.e. ``v_l = v_{l-1} + (1/N) sum_{j inside} (z_j - v_{l-1})``: note ``1/N``, not
-``1/|inside|``.  Centres are updated independently (balls may overlap).
+i.e. ``v_l = a_l v_{l-1} + (1/N) sum_{j inside} z_j`` with ``a_l = 1 - |inside| / N``:
+note ``1/N``, not ``1/|inside|``.  Every method computes it in this form, so a ball
+that holds every point gives their mean exactly, however far ``v_{l-1}`` was.
+Centres are updated independently (balls may overlap).
 
 Robustness rule: a point with a non-finite coordinate or a non-finite squared norm is
 *inadmissible*: it is infinitely far from every centre and never inside a ball, so no
 NaN, Inf or overflowing Byzantine row can reach a centre.
+
+Edge cases, alike for every method and radius policy: with no points (``N = 0``) no
+round runs (eq. 24 divides by ``N``, and nothing can enter a ball), so the centres come
+back unchanged with empty memberships and radius 0, as with ``rounds = 0``; no centres
+(``K = 0``), no problems (``B = 0``) or ``d = 0`` give results of those shapes; a fixed
+radius beyond the dtype's range is ``inf``.  float16 and bfloat16 work too (the direct
+distances are taken in float32 and rounded back).  Identical points always share their
+memberships (see :class:`defenses.ball_membership.RowCopies`).
 
 Three numerically different but mathematically equal evaluations:
 
@@ -42,6 +52,7 @@ from defenses.ball_membership import (
     decided_by_rounding,
     inside_ball,
     mask_distances,
+    row_copies,
     warn_decided_by_rounding,
 )
 from defenses.pairwise_clustering import pairwise_products, run_pairwise
@@ -83,6 +94,20 @@ def admissible_points(points: Tensor) -> Tensor:
     return torch.isfinite(squared_norms(points))
 
 
+# Dtypes whose distances ``torch.cdist`` does not compute.
+_WIDENED_FOR_CDIST = (torch.float16, torch.bfloat16)
+
+
+def euclidean_distances(a: Tensor, b: Tensor) -> Tensor:
+    """``[..., P, Q]`` distances between the rows of ``a[..., P, d]`` and ``b[..., Q, d]``
+    by the difference formula: exact to rounding, and every pair is computed alike, so
+    identical rows get identical distances.  float16 and bfloat16 rows are compared in
+    float32 and their distances rounded back to their dtype."""
+    if a.dtype in _WIDENED_FOR_CDIST:
+        return torch.cdist(a.float(), b.float(), compute_mode="donot_use_mm_for_euclid_dist").to(a.dtype)
+    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+
 def threshold_clustering(
     points: Tensor,
     centres: Tensor,
@@ -106,7 +131,8 @@ def threshold_clustering(
             crashes the round.
         radius: a radius policy, a number (fixed radius) or a mapping
             ``{"policy": "quantile", "q": 0.2}`` (see :mod:`defenses.radius`).
-        rounds: number of rounds ``M`` (the paper uses 10); 0 returns the input.
+        rounds: number of rounds ``M`` (the paper uses 10); 0, or no points, returns
+            the starting centres.
         method: ``"direct"``, ``"gram"`` or ``"pairwise"`` (see module docstring).
         final_distances: also return every point's distance to the final centres
             (nearly free with ``"gram"`` and ``"pairwise"``).
@@ -123,7 +149,11 @@ def threshold_clustering(
     policy = make_radius(radius)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)
+    if z.shape[1] == 0:
+        rounds = 0  # eq. 24 divides by N: with no points nothing enters a ball
     v0, start_index = _starting_centres(z, centres if batched else centres.unsqueeze(0))
+    if nearest and v0.shape[1] == 0:
+        raise ValueError(_NO_NEAREST)
     live = admissible_points(v0)  # [B, K]
     all_live = bool(live.all())
     start = v0 if all_live else torch.where(live.unsqueeze(-1), v0, torch.zeros_like(v0))
@@ -168,6 +198,9 @@ def threshold_clustering(
     return ClusteringResult(**{name: None if value is None else value[0] for name, value in unbatched.items()})
 
 
+_NO_NEAREST = "nearest centre: needs at least one centre (K >= 1), got K = 0"
+
+
 def _starting_centres(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor | None]:
     """``(v0[B, K, d], index)`` from ``centres``: coordinates ``[B, K, d]`` (``index``
     is ``None``), or the indices ``[B, K]`` of the points the centres start at (their
@@ -209,7 +242,7 @@ def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
     the points: each cache-sized block of rows is used for both while it is cached.
     The loop is over blocks of rows (and problems), not clients."""
     batch, n, dim = z.shape
-    rows = max(1, _FUSED_BLOCK_BYTES * centres.shape[1] // (dim * z.element_size()))
+    rows = max(1, _FUSED_BLOCK_BYTES * centres.shape[1] // (max(dim, 1) * z.element_size()))
     if rows >= n:
         return squared_norms(z), torch.bmm(centres, z.transpose(1, 2))
     norms = z.new_empty(batch, n)
@@ -253,14 +286,13 @@ def _run_direct(
         tau = policy(distances, round_index)
         inside = inside_ball(distances, tau, policy.strict)
         weights = inside.to(z.dtype)
-        count = weights.sum(-1, keepdim=True)
-        v = v + (torch.bmm(weights, z) - count * v) / n
+        keep = 1 - weights.sum(-1, keepdim=True) / n  # a_l; exactly 0 when every point is inside
+        v = keep * v + torch.bmm(weights, z) / n
     return ClusteringResult(v, inside, tau, _direct_distances(v, z, admissible) if final else None)
 
 
 def _direct_distances(v: Tensor, z: Tensor, admissible: Tensor) -> Tensor:
-    distances = torch.cdist(v, z, compute_mode="donot_use_mm_for_euclid_dist")
-    return mask_distances(distances, ~admissible.unsqueeze(-2))
+    return mask_distances(euclidean_distances(v, z), ~admissible.unsqueeze(-2))
 
 
 def _run_gram(
@@ -295,9 +327,12 @@ def _run_gram(
     tau = z.new_zeros(z.shape[0], k)
     seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, ||v||^2
     for round_index in range(rounds):
-        distances = dots.distances(getattr(policy, "undecided", None))
-        tau = policy(distances, round_index)
-        entered = inside_ball(distances, tau, policy.strict)
+        while True:
+            distances = dots.distances(getattr(policy, "undecided", None))
+            tau = policy(distances, round_index)
+            entered = inside_ball(distances, tau, policy.strict)
+            if dots.copies is None or not dots.copies.split(entered):
+                break  # else identical rows were split: again with their first copy's distances
         seen.append((distances, tau, dots.centre_norms()))
         change = None
         if bool((entered ^ inside).any()):
@@ -374,6 +409,10 @@ class _CentreDots:
         self._centre_norms: Tensor | None = None
         self._known_now: Tensor | None = None
         self._slack_scale = ROUNDING_SLACK * torch.finfo(z.dtype).eps * math.sqrt(z.shape[-1])
+        # rows that may be identical, by their starting distances and norms (see RowCopies)
+        keys = torch.cat([self._known(), norms.unsqueeze(1)], dim=1)
+        slack = torch.cat([self.slack(), self._slack_scale * norms.unsqueeze(1)], dim=1)
+        self.copies = row_copies(z, admissible, keys, slack)
 
     def _known(self) -> Tensor:
         """``||z_j||^2 - 2 sigma <z_j, x> - 2 t <z_j, b> + ||v||^2``, ``[B, K, N]``;
@@ -439,11 +478,14 @@ class _CentreDots:
         """Distances to the current centres, ``[B, K, N]``: exact (or settled: exact to
         rounding, see :meth:`_bounds`) for every point the policy's ``undecided`` asks
         for (all points when it is ``None``); for the others the lower end of an
-        interval that decides their membership the same way."""
+        interval that decides their membership the same way.  A row found identical to
+        an earlier one gets that row's (see :class:`defenses.ball_membership.RowCopies`)."""
         if not self.exact and undecided is not None:
-            lower, upper, estimate, settled = self._bounds()
+            lower, upper, estimate, settled = (self._spread(bound) for bound in self._bounds())
             wanted = undecided(lower, upper) & self.admissible.unsqueeze(1)
             rows = (wanted & ~settled).any(1)  # [B, N]
+            if self.copies is not None and self.copies.first is not None:
+                rows &= self.copies.first == torch.arange(self.n, device=rows.device)  # copies take their first's
             count = int(rows.sum(-1).max())
             if count <= _FULL_PRODUCT_SHARE * self.n:
                 approximate = torch.where(settled, estimate, lower)
@@ -454,10 +496,14 @@ class _CentreDots:
                     self._earlier = _scratch("earlier", self.rho.shape, self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
                 exact = self._finish(self._known() - 2 * products)
-                return torch.where(rows.unsqueeze(1), exact, approximate)
+                return self._spread(torch.where(rows.unsqueeze(1), exact, approximate))
         if not self.exact:
             self.full_product()
-        return self._finish(self._known())
+        return self._spread(self._finish(self._known()))
+
+    def _spread(self, values: Tensor) -> Tensor:
+        """``values[B, K, N]`` with identical rows' entries taken from their first copy."""
+        return values if self.copies is None else self.copies.spread(values)
 
     def full_product(self) -> None:
         """Products of every point with ``rho`` and the pending ball change; then
@@ -515,6 +561,8 @@ def nearest_centre(
 
     ``method="gram"`` ranks ``||v_k||^2 - 2 <z_j, v_k>`` (one product with the points
     instead of one difference per pair; near-ties may rank differently to rounding)."""
+    if centres.shape[-2] == 0:
+        raise ValueError(_NO_NEAREST)
     norms = squared_norms(points)
     admissible = torch.isfinite(norms)
     clean = points if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), points, 0.0)
@@ -522,6 +570,6 @@ def nearest_centre(
     if method == "gram":
         distances = squared_norms(centres).unsqueeze(-2) - 2 * torch.matmul(clean, centres.transpose(-1, -2))
     else:
-        distances = torch.cdist(clean, centres, compute_mode="donot_use_mm_for_euclid_dist")
+        distances = euclidean_distances(clean, centres)
     distances = torch.where(torch.isnan(distances), torch.full_like(distances, math.inf), distances)
     return torch.where(admissible, distances.argmin(dim=-1), 0)

@@ -13,6 +13,8 @@ from typing import Any, Iterable, Mapping
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from robust_pfl.registry import REQUIRED, init_parameters
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
@@ -25,33 +27,26 @@ class Entry:
 
 
 def parameters_of(cls: type) -> tuple[tuple[str, str], ...]:
-    """``(name, text)`` for every constructor parameter of a dataclass or of a pydantic
-    ``Params`` model (the class itself or ``cls.Params``)."""
+    """``(name, text)`` for every constructor parameter of a dataclass (fields with
+    ``init=False`` are the class's own state, not options) or of a pydantic ``Params``
+    model (the class itself or ``cls.Params``)."""
     model = getattr(cls, "Params", cls)
     if isinstance(model, type) and issubclass(model, BaseModel):
         rows = []
         for name, info in model.model_fields.items():
-            default = "required" if info.default is PydanticUndefined and info.default_factory is None else (
+            default = REQUIRED if info.default is PydanticUndefined and info.default_factory is None else (
                 info.default_factory() if info.default is PydanticUndefined else info.default
             )
             rows.append((info.alias or name, _text(default, info.description)))
         return tuple(rows)
     if dataclasses.is_dataclass(cls):
-        rows = []
-        for item in dataclasses.fields(cls):
-            if item.default is not dataclasses.MISSING:
-                default: Any = item.default
-            elif item.default_factory is not dataclasses.MISSING:
-                default = item.default_factory()
-            else:
-                default = "required"
-            rows.append((item.name, _text(default, item.metadata.get("description"))))
-        return tuple(rows)
+        descriptions = {item.name: item.metadata.get("description") for item in dataclasses.fields(cls)}
+        return tuple((name, _text(default, descriptions[name])) for name, default in init_parameters(cls).items())
     return ()
 
 
 def _text(default: Any, description: str | None) -> str:
-    shown = f"default {default!r}"
+    shown = REQUIRED if default is REQUIRED else f"default {default!r}"
     return f"{shown}  {description}" if description else shown
 
 

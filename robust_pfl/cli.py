@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from robust_pfl.config import ConfigError, load_config
 def _run(args: argparse.Namespace) -> int:
     from robust_pfl.experiments import run_experiment, validate
 
-    config = validate(load_config(args.config))
+    config = validate(load_config(args.config), args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     summary = run_experiment(config, out)
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
@@ -98,8 +99,13 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
+def plain(text: str) -> str:
+    """A docstring as ``--help`` shows it: reST literals (double backquotes) unmarked."""
+    return re.sub(r"``(.+?)``", r"\1", text)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="robust-pfl", description=__doc__)
+    parser = argparse.ArgumentParser(prog="robust-pfl", description=plain(__doc__))
     parser.add_argument(
         "--threads", type=int, default=None,
         help="torch CPU threads (default: torch's choice; 1 is fastest for small models)",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Sequence, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from robust_pfl.placement import ByzantinePlacement
+from robust_pfl.registry import did_you_mean
 
 
 class ConfigError(ValueError):
@@ -81,7 +82,7 @@ class ImageTaskConfig(_Strict):
         try:
             self.builder()
         except ValueError as error:
-            raise ValueError(f"task: {error}") from None
+            raise ValueError(str(error)) from None  # the error's location names the task
         return self
 
     def builder(self):
@@ -217,6 +218,11 @@ class ExperimentConfig(_Strict):
                 "theory.estimate: 'Delta' and 'momentum' compare clusters and need task.clusters >= 2, "
                 f"got {self.task.clusters}"
             )
+        if "momentum" in wanted and self.task.clients_per_cluster < 2:
+            raise ValueError(
+                "theory.estimate: 'momentum' measures the momenta's spread within clusters and needs "
+                f"task.clients_per_cluster >= 2, got {self.task.clients_per_cluster}"
+            )
         return self
 
     @field_validator("device")
@@ -227,15 +233,68 @@ class ExperimentConfig(_Strict):
         return value
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
+def field_path(loc: Sequence[str | int]) -> str:
+    """``methods[0].radius`` for pydantic's location ``("methods", 0, "radius")``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside a field's annotation (through Optional, list,
+    Annotated and Union)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in get_args(annotation) for model in _models_in(argument)]
+
+
+def allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
+    """The keys a config may write at ``loc`` (a pydantic location below ``model``,
+    ending at the table that holds the key); empty where no model describes it."""
+    models = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = [parent.model_fields[part] for parent in models if part in parent.model_fields]
+        if fields:
+            models = [inner for info in fields for inner in _models_in(info.annotation)]
+        else:  # a tagged union's tag ("image") selects the member whose ``name`` it is
+            models = [m for m in models if part in get_args(getattr(m.model_fields.get("name"), "annotation", None))]
+    return [info.alias or name for m in models for name, info in m.model_fields.items()]
+
+
+def validation_problems(
+    error: ValidationError, model: type[BaseModel], prefix: Sequence[str | int] = (), also: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """``(field path, message)`` for each error of ``model``'s validation.
+
+    Our own validators' messages appear as written (pydantic's ``Value error, `` prefix
+    dropped); an unknown key gets the closest allowed key (``also``: further keys
+    allowed where ``model`` is validated) as a suggestion.
+    """
+    problems = []
     for item in error.errors():
-        loc = [str(part) for part in item["loc"]]
+        loc = list(item["loc"])
+        if item["type"] == "value_error":
+            message = str(item["ctx"]["error"])
+        elif item["type"] == "extra_forbidden":
+            allowed = [*allowed_keys(model, loc[:-1]), *(also if len(loc) == 1 else ())]
+            message = f"unknown key{did_you_mean(loc[-1], allowed) or f'; allowed: {allowed}'}"
+        else:
+            message = item["msg"]
         if loc[:1] == ["task"] and loc[1:2] and loc[1] in TASK_TAGS:
             loc.pop(1)  # the union's tag, not a field the user wrote
-        where = ".".join(loc) or "(top level)"
-        lines.append(f"  {where}: {item['msg']}")
-    return "\n".join(lines)
+        problems.append((field_path([*prefix, *loc]), message))
+    return problems
+
+
+def config_error(source: str | None, problems: Sequence[tuple[str, str]]) -> ConfigError:
+    """A :class:`ConfigError` listing ``field: message`` lines under ``invalid config
+    <source>:`` (the field is left out where a model-wide check names its own)."""
+    lines = [f"invalid config {source}:" if source else "invalid config:"]
+    lines += [f"  {where}: {message}" if where else f"  {message}" for where, message in problems]
+    return ConfigError("\n".join(lines))
 
 
 def parse_config(data: dict[str, Any], source: str = "<dict>") -> ExperimentConfig:
@@ -243,16 +302,29 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> ExperimentConf
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from None
+        raise config_error(source, validation_problems(error, ExperimentConfig)) from None
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate a TOML config file."""
+    """Read and validate a TOML config file.
+
+    Raises:
+        ConfigError: a missing, unreadable or non-TOML file (one line naming it), or
+            invalid fields (one line per field).
+    """
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config {path} is a directory, not a TOML file") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {error.start})") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config {path} is not valid TOML: {error}") from None
     return parse_config(data, str(path))

@@ -16,10 +16,19 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
-from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, MethodConfig, parse_config
+from robust_pfl.config import (
+    ConfigError,
+    ExperimentConfig,
+    ImageTaskConfig,
+    MethodConfig,
+    config_error,
+    parse_config,
+    validation_problems,
+)
 from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
+from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
 from robust_pfl.tasks import SyntheticLinearRegression, Task
 from robust_pfl.types import RoundRecord
@@ -30,45 +39,64 @@ if TYPE_CHECKING:
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def validate(config: ExperimentConfig) -> ExperimentConfig:
-    """Check method and attack names and options against the registries.
+def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentConfig:
+    """Check method and attack names and options against the registries, and an image
+    task's sizes against its data.
 
-    Raises :class:`ConfigError` naming the field (``methods[1].radius`` ...).
+    Raises :class:`ConfigError` naming the field (``methods[1].radius`` ...) under
+    ``invalid config <source>:``.
     """
+
+    def fail(where: str, message: str) -> ConfigError:
+        return config_error(source, [(where, message)])
+
     for index, method in enumerate(config.methods):
         where = f"methods[{index}]"
         if method.name not in defenses.REGISTRY:
-            raise ConfigError(
-                f"{where}.name: unknown method {method.name!r}; allowed: {sorted(defenses.REGISTRY)}"
+            raise fail(
+                f"{where}.name",
+                f"unknown method {method.name!r}{did_you_mean(method.name, defenses.REGISTRY)}; "
+                f"allowed: {sorted(defenses.REGISTRY)}",
             )
+        params = defenses.REGISTRY[method.name].Params
         try:
-            defenses.REGISTRY[method.name].Params(**method.options())
+            params(**method.options())
         except ValidationError as error:
-            details = "; ".join(
-                f"{where}.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()
-            )
-            raise ConfigError(details) from None
+            also = list(MethodConfig.model_fields)
+            raise config_error(source, validation_problems(error, params, (where,), also)) from None
     if config.attack.name != "none":
+        if config.attack.name not in attacks.REGISTRY:
+            names = ["none", *sorted(attacks.REGISTRY)]
+            raise fail(
+                "attack.name",
+                f"unknown attack {config.attack.name!r}{did_you_mean(config.attack.name, names)}; allowed: {names}",
+            )
         try:
             attack = attacks.build(config.attack.name, config.attack.options())
         except ValueError as error:
-            raise ConfigError(f"attack: {error}; allowed names: {['none', *sorted(attacks.REGISTRY)]}") from None
+            raise fail("attack", str(error)) from None
         if "data" in getattr(attack, "needs", ()) and not isinstance(config.task, ImageTaskConfig):
-            raise ConfigError(
-                f"attack.name: {config.attack.name!r} poisons labels and needs a classification task "
-                f"(task.name = 'image'), not {config.task.name!r}"
+            raise fail(
+                "attack.name",
+                f"{config.attack.name!r} poisons labels and needs a classification task "
+                f"(task.name = 'image'), not {config.task.name!r}",
             )
-    _check_client_count(config)
+    _check_client_count(config, fail)
     labels = [m.display for m in config.methods]
     if len(set(labels)) != len(labels):
-        raise ConfigError(f"methods: labels must be unique, got {labels} (set 'label')")
+        raise fail("methods", f"labels must be unique, got {labels} (set 'label')")
     if isinstance(config.task, ImageTaskConfig):
         try:  # missing or corrupt data fails here, before any work
-            _dataset(config.task.dataset, config.task.data_dir)
+            data = _dataset(config.task.dataset, config.task.data_dir)
         except DatasetError as error:
-            raise ConfigError(f"task.data_dir: {error}") from None
+            raise fail("task.data_dir", str(error)) from None
+        try:  # so do sizes the data cannot give
+            for seed in config.seeds:
+                config.task.builder().check(seed, config.byzantine.placement(), data)
+        except ValueError as error:
+            raise fail("", f"task.{error}") from None
     if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device: {config.device!r} requested but CUDA is not available")
+        raise fail("device", f"{config.device!r} requested but CUDA is not available")
     return config
 
 
@@ -79,7 +107,7 @@ def client_count(config: ExperimentConfig) -> int:
     return clusters * honest + int(byzantine.sum())
 
 
-def _check_client_count(config: ExperimentConfig) -> None:
+def _check_client_count(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:
     """Methods whose options depend on N (e.g. ``krum`` needs n > 2f + 2) are checked
     against the config's client count now, not when the run reaches them."""
     n = client_count(config)
@@ -90,7 +118,7 @@ def _check_client_count(config: ExperimentConfig) -> None:
         try:
             defenses.make_aggregator(spec).check(n)
         except ValueError as error:
-            raise ConfigError(f"methods[{index}].aggregator: {error} (the config has N = {n} clients)") from None
+            raise fail(f"methods[{index}].aggregator", f"{error} (the config has N = {n} clients)") from None
 
 
 def build_task(config: ExperimentConfig, seed: int) -> Task:
@@ -171,7 +199,7 @@ def run_method(
         if done % config.eval_every == 0 or done == config.rounds:
             table.add(method.display, seed, done, honest_means(evaluation, algorithm, record))
         if tracker is not None and tracker.due(done, config.rounds):
-            table.add(method.display, seed, done, tracker.measure(algorithm.client_models(), record))
+            table.add(method.display, seed, done, tracker.measure(algorithm.client_models(), record, federation.train))
     return table
 
 
@@ -214,7 +242,7 @@ def _epoch_redealer(
 def run_cell_config(payload: dict[str, Any], source: str, timed: bool = False) -> list[dict[str, Any]]:
     """Tidy rows ``(round, metric, value)`` of a grid cell's config (one method, one
     seed), validated first; ``timed`` adds its wall time as metric ``seconds``."""
-    config = validate(parse_config(payload, source))
+    config = validate(parse_config(payload, source), source)
     start = time.perf_counter()
     table = run_method(config.methods[0], config, config.seeds[0])
     rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]

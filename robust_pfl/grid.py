@@ -3,8 +3,10 @@
 A grid is a list of :class:`Cell` s, each one complete run identified by a key.  Every
 finished cell is appended to ``cells.jsonl`` in the output directory as one line
 (written, flushed and fsynced in a single ``write``), so a grid killed midway resumes
-by skipping the keys already on disk: no finished run is lost or run twice, and a
-half-written last line (killed mid-write) is ignored and its cell re-run.
+by skipping the keys already on disk: no finished run is lost or run twice.  A line
+that is not a finished cell's record (a half-written last line of a kill mid-write, or
+valid JSON of another shape such as ``{}`` or ``null``) is skipped with a warning that
+names it, and its cell, if it held one, runs again.
 
 The runner is sequential; the store is the seam where a Ray backend will plug in
 (cells are independent and pure functions of their config and seed).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -46,16 +49,28 @@ class CellStore:
         self.path = Path(path)
 
     def finished(self) -> dict[str, dict[str, Any]]:
-        """``{key_text: record}`` of the complete lines on disk."""
+        """``{key_text: record}`` of the finished cells' records on disk.  Other lines
+        (cut by a kill, or JSON that is not such a record) are skipped, and one warning
+        gives their line numbers: a cell they held runs again."""
         done: dict[str, dict[str, Any]] = {}
         if not self.path.exists():
             return done
-        for line in self.path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut by a kill: its cell runs again
+        skipped = []
+        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
+            record = _record(line)
+            if record is None:
+                if line.strip():
+                    skipped.append(number)
+                continue
             done[record["key_text"]] = record
+        if skipped:
+            warnings.warn(
+                f"{self.path}: skipped line{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}, "
+                "not a finished cell's record (cut by a kill, or not a JSON object with key_text, "
+                "key and rows); a cell such a line held runs again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return done
 
     def append(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
@@ -98,6 +113,18 @@ def run_grid(
             on_cell(cell, skipped)
     done = store.finished()
     return list(_rows(done[text] for text in texts))
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """The cell record on ``line``, or ``None`` when the line is not one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    shapes = {"key_text": str, "key": dict, "rows": list}
+    return record if all(isinstance(record.get(name), kind) for name, kind in shapes.items()) else None
 
 
 def _rows(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from robust_pfl.objectives import DenseNetwork, Objective, _loss_from_outputs
+from robust_pfl.registry import did_you_mean
 
 ClassificationLoss = Literal["cross_entropy", "softmax_nll"]
 CLASSIFICATION_LOSSES: tuple[str, ...] = ("cross_entropy", "softmax_nll")
@@ -311,7 +312,10 @@ def make_network(spec: Mapping[str, Any], in_shape: tuple[int, int, int], num_cl
     allowed = NETWORK_OPTIONS[name]
     unknown = sorted(set(spec) - {"name"} - set(allowed))
     if unknown:
-        raise ValueError(f"model.{unknown[0]} is not an option of {name!r}; allowed: {sorted(allowed)}")
+        raise ValueError(
+            f"model.{unknown[0]} is not an option of {name!r}{did_you_mean(unknown[0], allowed)}; "
+            f"allowed: {sorted(allowed)}"
+        )
     if len(in_shape) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in in_shape):
         raise ValueError(f"in_shape must be (channels, height, width) positive integers, got {in_shape!r}")
     _check_int("num_classes", num_classes, 2)

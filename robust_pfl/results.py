@@ -2,13 +2,22 @@
 
 ``history.csv`` columns: ``method, seed, round, metric, value`` (honest-client means).
 ``summary.json``: the final metrics per method (mean and per-seed values).
-Both are written through a temporary file and ``os.replace`` so a killed run never
-leaves a half-written file.
+
+Every file is written through a temporary file in its directory and ``os.replace``,
+so a killed run never leaves a half-written file.  A command's outputs (history,
+tables, figures) are written together by :func:`write_outputs`, which keeps one
+invariant: **summary.json is the completion mark**.  Every output is first staged
+(computed and written to its temporary file); the old ``summary.json`` is then
+removed, the outputs are moved into place, and the new ``summary.json`` comes last.
+So wherever a ``summary.json`` exists, every output beside it is from the same
+finished call; a kill part-way leaves the previous call's complete set (staging) or
+outputs without a ``summary.json`` (moving), never outputs next to a stale summary.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -16,7 +25,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import mean
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, Union
 
 
 @dataclass
@@ -52,36 +61,94 @@ class ResultTable:
         return summary
 
 
+#: What a file may be written from: its text, or a function that writes it to a path.
+Content = Union[str, Callable[[Path], None]]
+
+SUMMARY = "summary.json"
+
+
+def _stage(path: Path, content: Content) -> Path:
+    """Write ``content`` to a new temporary file beside ``path`` (same suffix, so that
+    writers that infer the format from it work) and return the temporary path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    temporary = Path(name)
+    try:
+        if callable(content):
+            os.close(fd)
+            content(temporary)
+        else:
+            with os.fdopen(fd, "w", newline="") as handle:
+                handle.write(content)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp creates 0600; results are ordinary files
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return temporary
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; results are ordinary files
+    os.replace(_stage(path, text), path)
+
+
+def save_png(figure: Any, target: Path, **options: Any) -> None:
+    """Save a matplotlib figure as ``target`` via a temporary file (``options`` go to
+    ``savefig``; default ``dpi=110``)."""
+    os.replace(_stage(target, png_writer(figure, **options)), target)
+
+
+def png_writer(figure: Any, **options: Any) -> Callable[[Path], None]:
+    """The :data:`Content` of a matplotlib figure saved as PNG (``options`` go to
+    ``savefig``; default ``dpi=110``)."""
+    return lambda path: figure.savefig(path, format="png", **{"dpi": 110, **options})
+
+
+def close_figure(figure: Any) -> None:
+    """Release a matplotlib figure made through pyplot (after it has been written)."""
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+
+
+def write_outputs(out_dir: Path, summary: dict[str, Any], files: Mapping[str, Content]) -> None:
+    """Write ``files`` (name -> content) and ``summary.json`` into ``out_dir``, keeping
+    the module's invariant: all staged first, then the old summary removed, the files
+    moved into place in order, and the summary last."""
+    if SUMMARY in files:
+        raise ValueError(f"{SUMMARY} is written from the summary, not from files")
+    staged: dict[str, Path] = {}
     try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        for name, content in [*files.items(), (SUMMARY, summary_text(summary))]:
+            staged[name] = _stage(out_dir / name, content)
+        (out_dir / SUMMARY).unlink(missing_ok=True)
+        for name in list(staged):
+            os.replace(staged[name], out_dir / name)
+            del staged[name]
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
 
 
 BASE_COLUMNS = ["method", "seed", "round", "metric", "value"]
 
 
-def write_history(rows: Iterable[dict[str, Any]], path: Path) -> None:
+def history_text(rows: Iterable[dict[str, Any]]) -> str:
     """Tidy CSV; extra keys (e.g. a recipe's ``setting``) become leading columns."""
-    import io
-
     rows = list(rows)
     extra = sorted({key for row in rows for key in row} - set(BASE_COLUMNS))
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=[*extra, *BASE_COLUMNS])
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write_text(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def write_history(rows: Iterable[dict[str, Any]], path: Path) -> None:
+    """:func:`history_text` of ``rows``, written atomically to ``path``."""
+    atomic_write_text(path, history_text(rows))
 
 
 def _json_safe(value: Any) -> Any:
@@ -96,15 +163,19 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
+def summary_text(summary: dict[str, Any]) -> str:
+    """``summary.json``'s text: strict JSON (non-finite numbers as strings)."""
+    return json.dumps(_json_safe(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
+
+
 def write_summary(summary: dict[str, Any], path: Path) -> None:
-    """``summary.json``, strict JSON (non-finite numbers as strings)."""
-    text = json.dumps(_json_safe(summary), indent=2, sort_keys=True, allow_nan=False)
-    atomic_write_text(path, text + "\n")
+    """:func:`summary_text` of ``summary``, written atomically to ``path``."""
+    atomic_write_text(path, summary_text(summary))
 
 
 def write_results(table: ResultTable, out_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``history.csv`` and ``summary.json`` into ``out_dir``; return the summary."""
+    """Write ``history.csv`` and ``summary.json`` into ``out_dir`` (:func:`write_outputs`);
+    return the summary."""
     summary = {"final": table.final(), **(extra or {})}
-    write_history(table.rows, out_dir / "history.csv")
-    write_summary(summary, out_dir / "summary.json")
+    write_outputs(out_dir, summary, {"history.csv": history_text(table.rows)})
     return summary

@@ -141,10 +141,10 @@ def test_estimates_written_to_history(tmp_path):
 @pytest.mark.parametrize(
     "table, field, shown",
     [
-        ('estimate = ["A", "sigmaa"]', "theory.estimate.1", "'A', 'Delta', 'sigma', 'L', 'mu' or 'momentum'"),
+        ('estimate = ["A", "sigmaa"]', "theory.estimate[1]", "'A', 'Delta', 'sigma', 'L', 'mu' or 'momentum'"),
         ("estimate = []", "theory.estimate", "at least 1"),
         ('estimate = ["A"]\nevery = 0', "theory.every", "greater than or equal to 1"),
-        ('estimate = ["A"]\nevry = 5', "theory.evry", "Extra inputs"),
+        ('estimate = ["A"]\nevry = 5', "theory.evry", "did you mean 'every'"),
         ('estimate = ["A", "A"]', "theory.estimate", "distinct"),
         ('estimate = "A"', "theory.estimate", "list"),
     ],
@@ -161,3 +161,11 @@ def test_bad_theory_table_fails_at_load_naming_the_field(tmp_path, table, field,
 def test_separation_needs_two_clusters():
     with pytest.raises(ConfigError, match="theory.estimate: 'Delta' and 'momentum' compare clusters"):
         parse_config({"task": {"clusters": 1}, "methods": [{"name": "fc"}], "theory": {"estimate": ["Delta"]}})
+
+
+def test_momentum_needs_two_clients_per_cluster():
+    """Assumption 8's spread needs two momenta in a cluster: refused at load, not after
+    the first round."""
+    with pytest.raises(ConfigError, match="'momentum' measures the momenta's spread .*task.clients_per_cluster >= 2, got 1"):
+        parse_config({"task": {"clients_per_cluster": 1}, "methods": [{"name": "mc"}],
+                      "theory": {"estimate": ["momentum"]}})

@@ -10,13 +10,12 @@ its fits in ``result.exponents[variable] = (PowerLaw, claimed exponent)``.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from robust_pfl.results import save_png
 from theory_checks.types import CheckResult, PowerLaw
 
 ROW_KEYS = frozenset({"variable", "x", "repeat", "error"})
@@ -83,20 +82,6 @@ def plot_scaling(result: CheckResult, target: Path) -> bool:
     save_png(figure, target)
     plt.close(figure)
     return True
-
-
-def save_png(figure: Any, target: Path) -> None:
-    """Save a matplotlib figure through a temporary file and ``os.replace``."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.", suffix=".png")
-    os.close(handle)
-    try:
-        figure.savefig(temporary, dpi=110, format="png")
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, target)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def _positive(value: Any) -> bool:

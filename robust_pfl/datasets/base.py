@@ -119,7 +119,9 @@ def _unit_images(images: np.ndarray, max_value: float) -> Tensor:
 def check_counts(
     n_images: int, n_labels: int, images_source: str | Path, labels_source: str | Path
 ) -> None:
-    """Raise unless the image and label files hold the same number of samples."""
+    """Raise unless the image and label files hold the same, non-zero number of samples."""
+    if n_images == 0:
+        raise DatasetError(f"{images_source}: holds 0 images; every split needs at least one")
     if n_images != n_labels:
         raise DatasetError(
             f"{labels_source}: expected {n_images} labels (the number of images in "

@@ -8,6 +8,7 @@ the file's first two bytes (``1f 8b``), never from its name.
 from __future__ import annotations
 
 import gzip
+import math
 import zlib
 from pathlib import Path
 
@@ -61,7 +62,8 @@ def parse_idx(
 
     Raises:
         DatasetError: bad magic, unknown or unexpected type code, unexpected dimension
-            count, or a header or payload of the wrong length.
+            count, a negative dimension or one larger than the payload, or a header or
+            payload of the wrong length.
     """
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise DatasetError(
@@ -89,8 +91,16 @@ def parse_idx(
         )
     shape = tuple(int(d) for d in np.frombuffer(data, dtype=">i4", count=dims, offset=4))
     dtype = IDX_DTYPES[code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     found = len(data) - header
+    for axis, size in enumerate(shape):
+        if size < 0:
+            raise DatasetError(f"{source}: corrupt header: dimension {axis} of shape {list(shape)} is negative ({size})")
+        if size * dtype.itemsize > found and all(shape):
+            raise DatasetError(
+                f"{source}: dimension {axis} of the header's shape {list(shape)} is {size}, more values than "
+                f"the {found} bytes of data hold (a corrupt header or a truncated file)"
+            )
+    expected = math.prod(shape) * dtype.itemsize  # Python integers: no overflow
     if found != expected:
         kind = "truncated payload" if found < expected else "trailing bytes after payload"
         raise DatasetError(

@@ -39,7 +39,7 @@ import torch
 import defenses
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import build_federation, build_task, progress_bar
-from robust_pfl.results import atomic_write_text, write_history, write_summary
+from robust_pfl.results import close_figure, history_text, png_writer, write_outputs
 from robust_pfl.tasks import Task
 from theory_checks.estimators import own_model_ratios, own_model_separations
 
@@ -152,9 +152,9 @@ def summarise(rows: list[dict[str, Any]], exact: dict[str, float]) -> dict[str, 
     }
 
 
-def plot(rows: list[dict[str, Any]], summary: dict[str, Any], target: Path) -> None:
+def plot(rows: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
     """Two panels like the paper's: grey per-client lines, black per-cluster means,
-    red dashed empirical bounds."""
+    red dashed empirical bounds; the matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,10 +181,7 @@ def plot(rows: list[dict[str, Any]], summary: dict[str, Any], target: Path) -> N
         axis.legend(loc="best", fontsize=8)
     figure.suptitle("Werner et al. Fig. 2 (synthetic task, oracle clusters), robust-pfl", y=1.02)
     figure.tight_layout()
-    temporary = target.with_name(f".{target.name}.tmp.png")
-    figure.savefig(temporary, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    temporary.replace(target)
+    return figure
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -217,11 +214,15 @@ def run(out: Path, quick: bool = False, seeds: int | None = None, progress: bool
     summary = {"mode": "quick" if quick else "full", "rounds": mode.rounds, "seeds": seed_list,
                "learning_rate": LEARNING_RATE, **summarise(first, exact)}
     summary["seconds"] = round(time.perf_counter() - started, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    write_history(rows, out / "history.csv")
-    write_summary(summary, out / "summary.json")
-    plot(rows, summary, out / "fig2.png")
-    atomic_write_text(out / "fig2.md", markdown(summary))
+    figure = plot(rows, summary)
+    try:
+        write_outputs(out, summary, {
+            "history.csv": history_text(rows),
+            "fig2.png": png_writer(figure, dpi=120, bbox_inches="tight"),
+            "fig2.md": markdown(summary),
+        })
+    finally:
+        close_figure(figure)
     return summary
 
 

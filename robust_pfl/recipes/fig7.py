@@ -38,9 +38,8 @@ import torch
 from torch import Tensor
 
 from defenses import threshold_clustering
-from robust_pfl.results import atomic_write_text, write_history, write_summary
+from robust_pfl.results import close_figure, history_text, png_writer, write_outputs
 from theory_checks.bounds import clustering_rounds
-from theory_checks.report_figures import save_png
 
 STDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)
 POINTS, DIMENSION, CLUSTERS = 90, 10, 10
@@ -178,11 +177,15 @@ def run(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, A
         "stds": per_std,
         "seconds": round(time.perf_counter() - started, 2),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    write_history(rows, out / "history.csv")
-    write_summary(summary, out / "summary.json")
-    plot(out / "history.csv", per_std, out / "fig7.png")
-    atomic_write_text(out / "fig7.md", markdown_table(summary))
+    figure = plot(rows, per_std)
+    try:
+        write_outputs(out, summary, {
+            "history.csv": history_text(rows),
+            "fig7.png": png_writer(figure),
+            "fig7.md": markdown_table(summary),
+        })
+    finally:
+        close_figure(figure)
     return summary
 
 
@@ -248,8 +251,9 @@ def markdown_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(history_csv: Path, per_std: dict[str, Any], target: Path) -> None:
-    """Average centre distance against l, one line per std (log y), elbows marked."""
+def plot(rows: list[dict[str, Any]], per_std: dict[str, Any]) -> Any:
+    """Average centre distance against l, one line per std (log y), elbows marked; the
+    matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -257,7 +261,7 @@ def plot(history_csv: Path, per_std: dict[str, Any], target: Path) -> None:
     import pandas as pd
     import seaborn as sns
 
-    frame = pd.read_csv(history_csv)
+    frame = pd.DataFrame(rows)
     frame = frame[frame["metric"] == METRIC]
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     sns.lineplot(data=frame, x="round", y="value", hue="cluster_std", palette="viridis",
@@ -268,8 +272,7 @@ def plot(history_csv: Path, per_std: dict[str, Any], target: Path) -> None:
              title="Werner et al. Fig. 7 (Threshold-Clustering on blobs), robust-pfl")
     axes.legend(title="cluster std")
     figure.tight_layout()
-    save_png(figure, target)
-    plt.close(figure)
+    return figure
 
 
 def main(out: Path, quick: bool = False, seeds: int | None = None) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import build_task, progress_bar, run_cell_config, validate
 from robust_pfl.grid import Cell, CellStore, run_grid
-from robust_pfl.results import write_history, write_summary
+from robust_pfl.results import history_text, write_outputs
 
 KINDS = ("rotation", "private_label")
 PAPER: dict[str, dict[str, tuple[float, float]]] = {  # accuracy %, loss (Werner et al. Table 1)
@@ -199,8 +199,6 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
     )
     failed = [f"{c['task']}: {c['claim']} ({c['gap_points']:+.1f} points)" for c in checks if not c["holds"]]
     footer = "All claimed orderings hold." if not failed else "Orderings that do not hold: " + "; ".join(failed)
-    (out / "table1.md").write_text(header + "\n\n" + table + "\n\n" + footer + "\n")
-    write_history(rows, out / "history.csv")
     summary = {
         "results": {f"{task} | {method}": metrics for (task, method), metrics in results.items()},
         "orderings": checks,
@@ -209,6 +207,9 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
         "partition": partition,
         "seconds": seconds,
     }
-    write_summary(summary, out / "summary.json")
+    write_outputs(out, summary, {
+        "table1.md": header + "\n\n" + table + "\n\n" + footer + "\n",
+        "history.csv": history_text(rows),
+    })
     print(header, table, footer, sep="\n\n")
     return summary

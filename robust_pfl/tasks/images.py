@@ -102,6 +102,10 @@ def _default_model() -> dict[str, Any]:
     return {"name": "mlp", "hidden": [200]}
 
 
+class _TooManyClients(ValueError):
+    """The default sizes leave a client without a train or test sample."""
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Which source samples each client holds, and how train is dealt again.
@@ -251,6 +255,40 @@ class ImageTask:
             num_classes=data.num_classes,
         )
 
+    def check(
+        self, seed: int, placement: ByzantinePlacement | None = None, data: LabelledImages | None = None
+    ) -> None:
+        """Raise the ``ValueError`` :meth:`build` would raise for ``data`` (classes,
+        sizes) without dealing a sample.  When the default sizes leave a client without
+        a train or test sample, the message also gives the largest
+        ``clients_per_cluster`` that fits (with the same Byzantine placement)."""
+        data = self.load(data)
+        try:
+            self._fitted_sizes(seed, placement, data, self.clients_per_cluster)
+        except _TooManyClients as error:
+            fits, fails = 0, self.clients_per_cluster  # sizes shrink as clients grow
+            while fails - fits > 1:
+                middle = (fits + fails) // 2
+                try:
+                    self._fitted_sizes(seed, placement, data, middle)
+                    fits = middle
+                except ValueError:
+                    fails = middle
+            limit = f"at most clients_per_cluster = {fits}" if fits else "no clients_per_cluster at all"
+            held = f"{data.num_train} train and {data.num_test} test images"
+            raise ValueError(f"{error}; {data.name} ({held}) fits {limit}") from None
+
+    def _fitted_sizes(
+        self, seed: int, placement: ByzantinePlacement | None, data: LabelledImages, clients_per_cluster: int
+    ) -> tuple[int, int, int]:
+        """``(train, validation, test)`` per client with ``clients_per_cluster``."""
+        ids, _ = (placement or ByzantinePlacement()).place(self.clusters, clients_per_cluster)
+        train_groups, test_groups, proportions = self._groups(seed, data)
+        weights = proportions[ids]
+        return self._sizes(
+            group_sizes(train_groups, weights.shape[1]), group_sizes(test_groups, weights.shape[1]), weights, data
+        )
+
     def reshuffle(self, task: Task, epoch: int, seed: int, data: LabelledImages | None = None) -> ClientData:
         """The train split of ``task`` (built by this builder with ``seed``) dealt
         afresh for ``epoch``, as the official code re-deals MNIST every epoch.
@@ -361,7 +399,7 @@ class ImageTask:
         if self.train_per_client is None:
             train, validation = share_split(largest_share(train_available, weights, share_split))
             if train < 1:
-                raise ValueError(
+                raise _TooManyClients(
                     f"clients_per_cluster: {clients} clients leave at most {most_train} {data.name} train "
                     f"samples per client, too few for a train and a validation sample each"
                 )
@@ -380,7 +418,7 @@ class ImageTask:
         if self.test_per_client is None:
             test = largest_share(test_available, weights, lambda share: (share,))
             if test < 1:
-                raise ValueError(
+                raise _TooManyClients(
                     f"clients_per_cluster: {clients} clients leave no {data.name} test sample per client"
                 )
         else:
