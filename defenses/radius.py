@@ -1,4 +1,4 @@
-"""Radius policies for Threshold-Clustering (Werner et al., Alg. 3 step 3; SPEC sec. 1).
+"""Radius policies for Threshold-Clustering (Werner et al., Alg. 3 step 3).
 
 A policy maps the distances of every point to the current centre, ``dist[B, K, N]``
 (``inf`` for inadmissible points), to one radius per centre, ``tau[B, K]``.  Policies

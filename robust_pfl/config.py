@@ -38,7 +38,7 @@ class _Strict(BaseModel):
 
 
 class SyntheticTaskConfig(_Strict):
-    """Werner et al. Sec. 4.1 synthetic linear regression (SPEC section 5)."""
+    """Werner et al. Sec. 4.1 synthetic linear regression."""
 
     name: Literal["synthetic_linear"] = "synthetic_linear"
     clusters: int = Field(4, ge=1)

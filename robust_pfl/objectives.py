@@ -172,7 +172,7 @@ class DenseNetwork(Objective):
 
     ``hidden=()`` gives linear regression (``loss="mse"``, one output) or multinomial
     logistic regression (``loss="cross_entropy"``).  ``hidden=(200,)`` with 784 inputs
-    and 10 outputs is the MLP of Werner et al.'s MNIST experiments (SPEC section 5).
+    and 10 outputs is the MLP of Werner et al.'s MNIST experiments.
     ``loss="softmax_nll"`` reproduces the official code's quirk (softmax output fed to
     an NLL loss, so the loss is ``-p_y``).
 
@@ -484,7 +484,7 @@ class ScalarFunctions(Objective):
     """One-dimensional per-client losses, for the papers' constructed examples.
 
     Client ``i``'s "data" is its index; ``functions[i](x)`` is its loss.  Used for the
-    exact failure examples of Werner et al. Sec. 2.1 (SPEC section 3).
+    exact failure examples of Werner et al. Sec. 2.1.
     """
 
     def __init__(self, functions: Sequence[Callable[[Tensor], Tensor]]) -> None:

@@ -1,4 +1,4 @@
-"""The exact 1-D failure examples of Werner et al. Sec. 2.1 (Fig. 1; SPEC section 3).
+"""The exact 1-D failure examples of Werner et al. Sec. 2.1 (Fig. 1).
 
 Client i's "data" is its index (one sample, input i); robust_pfl.ScalarFunctions
 evaluates functions[i] for client i.  Everything is float64 and deterministic (full

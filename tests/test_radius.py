@@ -1,5 +1,5 @@
-"""Tests for the radius policies of Threshold-Clustering (Werner et al., Alg. 3 step 3;
-SPEC section 1): fixed, theory (tau ~ sqrt(delta sigma Delta), Thm 3.1), quantile
+"""Tests for the radius policies of Threshold-Clustering (Werner et al., Alg. 3 step 3):
+fixed, theory (tau ~ sqrt(delta sigma Delta), Thm 3.1), quantile
 (q-quantile of the distances, linear interpolation) and "cd" (1-D 3-means on the
 distances, tau = mean of the 2nd and 3rd centres)."""
 
@@ -116,7 +116,7 @@ def test_quantile_batched_per_centre():
 
 
 def test_cd_policy_three_obvious_groups():
-    """"cd" policy (SPEC sec. 1): 1-D k-means with 3 centres on the distances; tau is
+    """"cd" policy (the official code's rule, docs/official_code.md): 1-D k-means with 3 centres on the distances; tau is
     the mean of the 2nd and 3rd centres.  Three well separated groups with means
     0.1, 5.0 and 10.0 (hand computed) give tau = (5.0 + 10.0) / 2 = 7.5.  Infinite
     (inadmissible) distances are ignored."""

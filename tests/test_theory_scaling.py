@@ -145,7 +145,7 @@ def test_invalid_input_names_the_argument(kwargs, name):
 @settings(deadline=None, max_examples=20)
 @given(n=st.integers(3, 20), rounds=st.integers(1, 6), seed=st.integers(0, 2**16))
 def test_centre_contracts_towards_the_sample_mean(n, rounds, seed):
-    """SPEC section 4: when the ball holds exactly cluster i's points,
+    """Proof of Thm 3.1: when the ball holds exactly cluster i's points,
     v_l - mean_i = (1 - delta_i)(v_{l-1} - mean_i); so after l rounds the squared
     distance to the sample mean is (1 - delta)^(2l) times the start's."""
     g = torch.Generator().manual_seed(seed)
@@ -160,7 +160,7 @@ def test_centre_contracts_towards_the_sample_mean(n, rounds, seed):
 
 @pytest.mark.parametrize("count", [1, 3, 6])
 def test_edge_attacker_reaches_the_fixed_point(count):
-    """SPEC section 4: attackers at the ball's edge in a fixed direction u move the centre
+    """Sec. 3.1.1 threat model: attackers at the ball's edge in a fixed direction u move the centre
     to mean_i + (beta / delta) tau u, squared error (beta / delta)^2 tau^2 = (m / n)^2 tau^2."""
     n, tau = 12, 2.0
     g = torch.Generator().manual_seed(count)

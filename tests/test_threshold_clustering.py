@@ -1,4 +1,5 @@
-"""Property tests for Threshold-Clustering (Werner et al., Alg. 3, eq. 24; SPEC sections 1 and 4).
+"""Property tests for Threshold-Clustering (Werner et al., Alg. 3, eq. 24, and the
+exact facts of the proof of Thm 3.1).
 
 Every test states an exact fact of eq. 24
 
@@ -89,7 +90,7 @@ def linear_quantile(values: np.ndarray, q: float) -> float:
 
 def reference_threshold_clustering(points, centres, radius_of, rounds):
     """Independent transcription of eq. 24 in NumPy: average of the thresholded points
-    y_j = z_j if inside else v (the first form in SPEC section 1), one centre at a time."""
+    y_j = z_j if inside else v (the first form of eq. 24), one centre at a time."""
     z = points.numpy()
     v = centres.numpy().copy()
     n = z.shape[0]
@@ -134,7 +135,7 @@ def test_matches_reference_transcription_of_eq24(seed, n, d, k, rounds, tau, q, 
 
 
 # --------------------------------------------------------------------------------------
-# Exact facts of SPEC section 4
+# Exact facts of Alg. 3 used in the proof of Thm 3.1
 # --------------------------------------------------------------------------------------
 
 
@@ -149,7 +150,7 @@ def test_matches_reference_transcription_of_eq24(seed, n, d, k, rounds, tau, q, 
     name=st.sampled_from(["fixed", "quantile", "cd"]),
 )
 def test_one_step_moves_centre_at_most_inside_fraction_times_tau(seed, n, d, k, tau, q, name):
-    """SPEC sec. 4: one step moves each centre by at most (#inside/N) * tau, because
+    """Alg. 3: one step moves each centre by at most (#inside/N) * tau, because
     v_1 - v_0 = (1/N) sum_{inside} (z_j - v_0) and every inside term has norm <= tau.
     Checked for every radius policy, with tau the radius the step actually used."""
     points, centres = random_problem(seed, n, d, k)
@@ -173,7 +174,7 @@ def test_one_step_moves_centre_at_most_inside_fraction_times_tau(seed, n, d, k, 
     data=st.data(),
 )
 def test_replacing_beta_n_points_moves_one_step_by_at_most_2_beta_tau(seed, n, d, k, tau, data):
-    """SPEC sec. 4 (robustness of Alg. 3): replacing any m = beta*N points by arbitrary
+    """Robustness of Alg. 3 (Sec. 3.1.1): replacing any m = beta*N points by arbitrary
     finite points changes one step's output (fixed radius, same initial centres) by at
     most 2*beta*tau: each replaced point's contribution (z_j - v_0) 1[inside] has norm
     <= tau before and after.  Replacements include points placed just inside the ball's
@@ -201,7 +202,7 @@ def test_replacing_beta_n_points_moves_one_step_by_at_most_2_beta_tau(seed, n, d
 
 
 def test_replacement_bound_2_beta_tau_is_attained():
-    """SPEC sec. 4: the 2*beta*tau bound is tight.  1-D, v_0 = 0, tau = 1: two of N = 4
+    """Alg. 3: the 2*beta*tau bound is tight.  1-D, v_0 = 0, tau = 1: two of N = 4
     points at -1 (inside, on the edge) are replaced by +1 (inside, opposite edge).
     Hand computation (the two points at 5 are outside and contribute v_0 = 0):
     before v_1 = (1/4)(-1 - 1) = -0.5; after v_1 = (1/4)(1 + 1) = 0.5; the change is
@@ -245,7 +246,7 @@ def separated_clusters(seed: int, sizes: list[int], d: int, r: float = 1.0, gap:
     method=st.sampled_from(["direct", "gram", "pairwise"]),
 )
 def test_ball_holding_exactly_one_cluster_contracts_by_one_minus_delta(seed, sizes, d, rounds, method):
-    """SPEC sec. 4 / proof of Thm 3.1: if centre k's ball holds exactly cluster k's
+    """Proof of Thm 3.1: if centre k's ball holds exactly cluster k's
     points in every round, then v_l - mean_k = (1 - delta_k)(v_{l-1} - mean_k) with
     delta_k = n_k/N.  Construction: cluster points within r = 1 of an anchor, anchors
     100 apart, initial centre within s = 2 of its anchor, tau = 5.5 >= 2r + (s + r)
@@ -284,7 +285,7 @@ def test_ball_holding_exactly_one_cluster_contracts_by_one_minus_delta(seed, siz
     data=st.data(),
 )
 def test_attacker_at_ball_edge_converges_to_mean_plus_beta_over_delta_tau_u(seed, honest, others, d, data):
-    """SPEC sec. 4: beta*N Byzantine points re-placed every round at v + tau*u (on the
+    """Alg. 3: beta*N Byzantine points re-placed every round at v + tau*u (on the
     ball's edge, so inside with <=) pull the centre to the fixed point
     v* = mean_i + (beta/delta) tau u, geometrically: v_l - v* = (1 - delta)(v_{l-1} - v*).
     (From eq. 24: v_l = v_{l-1} + (1/N)[n_i (mean_i - v_{l-1}) + beta N tau u].)
@@ -721,7 +722,7 @@ def test_strict_and_non_strict_inclusion_at_distance_exactly_tau():
 
 
 def test_thresholding_can_increase_variance_counterexample():
-    """SPEC sec. 4: the proof of Thm 3.1 claims Var(y) <= Var(z) for the thresholded
+    """Alg. 3: the proof of Thm 3.1 claims Var(y) <= Var(z) for the thresholded
     points y = z if ||z - v|| <= tau else v.  False: z = v + tau e or v + (tau + eps) e
     with probability 1/2 each gives Var z = eps^2/4 but Var y = tau^2/4.  Here v = 0,
     tau = 1, eps = 1/4: Var z = 1/64, Var y = 1/4 (exact in binary floating point)."""

@@ -2,7 +2,7 @@
 its hidden constant as a parameter, and a fit of the smallest constant that makes a
 bound hold on measured errors.
 
-Notation (SPEC section 4): ``sigma`` noise (square root of the total variance),
+Notation (docs/theory_checks.md): ``sigma`` noise (square root of the total variance),
 ``separation`` the inter-cluster separation Delta, ``n`` the clients in the cluster
 ``n_i``, ``beta`` the Byzantine fraction ``beta_i``, ``cluster_fraction`` delta_i.
 Every function accepts floats or numpy arrays (broadcast).
@@ -50,7 +50,7 @@ def lower_bound(sigma: ArrayLike, separation: ArrayLike, n: ArrayLike | None = N
                 constant: float = 0.25) -> ArrayLike:
     """Thm 3.2, eq. (15): ``c (sigma^4/Delta^2 + sigma^2/n_i)``; ``n=None`` leaves out
     the sample-mean term (the two-point construction of A.2 bounds only the first).
-    The proof's constant is 1/4 (false as printed; see SPEC section 4)."""
+    The proof's constant is 1/4 (false as printed: the check ``thm3.2-constant``)."""
     sigma, separation = np.asarray(sigma, float), np.asarray(separation, float)
     value = sigma**4 / separation**2
     if n is not None:
@@ -88,7 +88,7 @@ def lemma1_constants(smoothness: float, strong_convexity: float) -> dict[str, fl
 def lemma1_separation(norms_at_optimum: np.ndarray, reduce: Literal["max", "min", "pair"] = "min") -> np.ndarray:
     """Lemma 1's ``Delta^2`` for client ``i`` from ``||grad f_j(x_i*)||`` over the
     clients ``j`` of other clusters (``norms_at_optimum[..., J]``): as printed,
-    ``1/2 (max_j ||.||)^2`` (false, SPEC section 4); corrected, ``1/2 min_j ||.||^2``;
+    ``1/2 (max_j ||.||)^2`` (false: the check ``lemma1-max``); corrected, ``1/2 min_j ||.||^2``;
     ``"pair"``: ``1/2 ||.||^2`` per pair (what the derivation proves)."""
     norms = np.asarray(norms_at_optimum, float)
     if reduce == "pair":

@@ -3,7 +3,7 @@
 ``tau = sqrt(delta_i sigma Delta)`` and ``l`` rounds from eq. (13).
 
 Every instance has ``K = 2`` clusters of ``n`` points (``delta_i = n / N``), total
-variance ``sigma^2 = 1`` (SPEC section 4: ``sigma^2 = d s^2``) and cluster means
+variance ``sigma^2 = 1`` (``sigma^2 = d s^2`` for isotropic noise) and cluster means
 ``Delta`` apart.  Cluster 0 is the one whose centre is measured; one centre starts at
 a random point of it.  The repeats are independent problems run as one batch
 ``[B, N, d]``.  Four sweeps, each placed where its term of eq. (14) dominates the
@@ -16,9 +16,8 @@ right-hand side:
 * ``beta`` (claimed +1): ``beta N`` Byzantine points re-placed before every round at
   distance ``tau`` from the current centre in one fixed direction ``u`` (the paper's
   threat model, Sec. 3.1.1), ``Delta = 10^3 sigma``, ``n = 128``: ``beta sigma Delta >=
-  7`` against ``sigma^2 / n < 0.01`` and ``sigma^3 / Delta = 0.001``.  SPEC section 4's
-  exact fixed point is
-  ``mean_0 + (beta / delta) tau u``, squared error ``beta^2 sigma Delta / delta``:
+  7`` against ``sigma^2 / n < 0.01`` and ``sigma^3 / Delta = 0.001``.  The edge-attacker statement's exact
+  fixed point is ``mean_0 + (beta / delta) tau u``, squared error ``beta^2 sigma Delta / delta``:
   it grows like ``beta^2`` while ``beta <= delta`` keeps it under ``beta sigma Delta``.
 * ``separation_gaussian`` (claimed -1): Gaussian clusters, ``Delta / sigma`` from 2
   (the theorem's ``Delta >~ sigma / delta_i``) up, ``n`` large so ``sigma^3 / Delta``

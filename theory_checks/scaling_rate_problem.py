@@ -162,7 +162,7 @@ def independent_data_floor(sizes: RateSizes) -> dict[str, float]:
 
 
 def _builder(sizes: RateSizes) -> SyntheticLinearRegression:
-    """Sec. 4.1's task with Gaussian optima and label noise (SPEC section 5)."""
+    """Sec. 4.1's task with Gaussian optima and label noise (Werner et al. Sec. 4.1)."""
     return SyntheticLinearRegression(
         clusters=sizes.clusters, clients_per_cluster=sizes.clients_per_cluster, dim=sizes.dim,
         samples_per_client=sizes.samples_per_client, scale=sizes.optimum_scale, optimum="gaussian",

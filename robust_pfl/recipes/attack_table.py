@@ -2,7 +2,7 @@
 
 One honest cluster (so every defense targets the same optimum ``x*`` and a single
 robust average is the right answer): 20 honest clients of the synthetic linear
-regression task (SPEC section 5; d = 10, 9 samples each, ``x*`` in {0, 100}^10) plus
+regression task (Werner et al. Sec. 4.1; d = 10, 9 samples each, ``x*`` in {0, 100}^10) plus
 5 Byzantine clients (20 %), full-batch gradients, heavy-ball SGD (lr 0.01, momentum
 0.9).  Defenses: FedAvg with each classic robust aggregator, Federated-Clustering
 (Werner et al. Alg. 2), Momentum-Clustering (Alg. 4) and the oracle GroundTruth

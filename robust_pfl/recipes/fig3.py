@@ -2,7 +2,7 @@
 
 FC, Local, IFCA, Global (FedAvg) and GT (oracle clusters) at
 ``(K, n_i) in {(4, 4), (4, 16), (16, 4)}`` with the official code's data settings
-(SPEC section 5): feature mean = cluster index, ``x_k*`` in ``{0, 1}^d`` scaled by
+(docs/official_code.md): feature mean = cluster index, ``x_k*`` in ``{0, 1}^d`` scaled by
 100, no label noise, full-batch gradients, heavy-ball momentum 0.9 on every method's
 update, FC with 10 clustering rounds and a quantile radius recomputed every round
 (strict inclusion).

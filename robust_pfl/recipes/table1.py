@@ -3,7 +3,7 @@ label, K = 4 clusters of 75 clients.
 
 Methods: Local, Global (FedAvg), Ditto (lambda = 1), IFCA, KNN-Per, FC (16 random
 subgroups, 20th-percentile radius) and GT (oracle clusters).  Settings are the
-official code's (SPEC section 5), fixed in advance, never tuned on test data: MLP
+official code's (docs/official_code.md), fixed in advance, never tuned on test data: MLP
 784-200-10 with the softmax + NLL quirk, inputs normalised with 0.1307 / 0.3081,
 SGD lr 0.1 with heavy-ball momentum 0.9, batch 32, the official dealing rule (a seeded
 permutation, client r takes every N-th image from position r).  One "epoch" is

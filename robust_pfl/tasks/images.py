@@ -1,4 +1,4 @@
-"""Clustered image classification (Werner et al. Sec. 4.2 and Table 1; SPEC section 5).
+"""Clustered image classification (Werner et al. Sec. 4.2 and Table 1).
 
 :class:`ImageTask` deals a :class:`~robust_pfl.datasets.LabelledImages` data set to
 ``K * clients_per_cluster`` honest clients plus the Byzantine ones of a

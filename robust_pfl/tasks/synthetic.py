@@ -1,4 +1,5 @@
-"""Synthetic clustered linear regression (Werner et al. Sec. 4.1; SPEC section 5).
+"""Synthetic clustered linear regression (Werner et al. Sec. 4.1; the official
+code's settings are in docs/official_code.md).
 
 Client ``i`` in cluster ``k`` holds ``A_i`` in ``R^{n x d}`` with entries ``N(k, 1)``
 (the official code uses the cluster index as the feature mean) and targets

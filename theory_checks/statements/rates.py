@@ -88,7 +88,7 @@ def check_thm31(budget: Budget) -> CheckResult:
     ratios = [instance["ratio_to_rhs"] for instance in family]
     growing = all(later >= DIVERGENCE_FACTOR * earlier for earlier, later in zip(ratios, ratios[1:]))
     counterexample = None
-    note = ("beta: SPEC's exact fixed point mean + (beta/delta) tau u has squared error beta^2 sigma Delta / delta, "
+    note = ("beta: the edge attacker's exact fixed point mean + (beta/delta) tau u has squared error beta^2 sigma Delta / delta, "
             "under beta sigma Delta while beta <= delta; separation_gaussian: what is left of the start after "
             "eq. (13)'s rounds, then the sigma^2/n_i floor (sigma^3/Delta unseen); "
             f"two-point clusters, uniformly random start: E error / rhs = "
