@@ -1,4 +1,5 @@
-"""The Byzantine attack library (the large-gradient, bit-flip and label-flip attacks of Werner et al. and the field's standards).
+"""The Byzantine attack library (Werner et al.'s large-gradient, bit-flip and label-flip
+attacks and the field's standards).
 
 A conformance suite over every registered attack (shapes for ``[S, d]`` and
 ``[M, S, d]`` messages, dtypes, seeded determinism, no mutation, hostile inputs,
