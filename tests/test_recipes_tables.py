@@ -44,3 +44,22 @@ def test_attack_table_tiny(tmp_path, monkeypatch):
     assert error["large_gradient | mean"] > 1e6 * error["large_gradient | median"]
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["breaks"] == summary["breaks"]
+
+
+def test_table1_exit_status_follows_the_orderings(tmp_path, monkeypatch):
+    """The full run exits 1 when a claimed ordering fails, 0 when all hold; a quick run
+    decides no claim and exits 0 whatever its table shows."""
+    from robust_pfl.cli import main
+
+    tiny = table1.Mode(epochs=1, seeds=1, clients_per_cluster=2, batch=16)
+    monkeypatch.setattr(table1, "DIGITS_FULL", tiny)
+    monkeypatch.setattr(table1, "DIGITS_QUICK", tiny)
+    status = main(["reproduce", "table1", "--out", str(tmp_path / "full")])
+    summary = json.loads((tmp_path / "full" / "summary.json").read_text())
+    assert status == (0 if all(check["holds"] for check in summary["orderings"]) else 1)
+    assert main(["reproduce", "table1", "--quick", "--out", str(tmp_path / "quick")]) == 0
+    assert "quick mode: a smoke run that decides no claim" in (tmp_path / "quick" / "table1.md").read_text()
+    # and the failing case is reached: force an ordering to fail
+    monkeypatch.setattr(table1, "orderings", lambda results: [{"task": "rotation", "claim": "FC > Local",
+                                                               "gap_points": -1.0, "holds": False}])
+    assert main(["reproduce", "table1", "--out", str(tmp_path / "forced")]) == 1

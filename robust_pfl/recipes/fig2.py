@@ -42,6 +42,7 @@ from robust_pfl.experiments import build_federation, build_task, progress_bar
 from robust_pfl.results import close_figure, history_text, png_writer, write_outputs
 from robust_pfl.tasks import Task
 from theory_checks.estimators import own_model_ratios, own_model_separations
+from theory_checks.statements.lemmas import assumption4_constant
 
 
 @dataclass(frozen=True)
@@ -115,11 +116,7 @@ def closed_forms(task: Task) -> dict[str, float]:
     inputs = task.train.inputs.double()
     hessians = inputs.transpose(1, 2) @ inputs / inputs.shape[1]  # [N, d, d]
     clusters = task.cluster_ids
-    count = int(clusters.max()) + 1
-    sums = torch.zeros(count, *hessians.shape[1:], dtype=hessians.dtype).index_add_(0, clusters, hessians)
-    means = sums / torch.bincount(clusters, minlength=count).view(-1, 1, 1)
-    spread = (hessians - means[clusters]) @ torch.linalg.inv(means[clusters])
-    supremum = torch.linalg.matrix_norm(spread, ord=2).square().max()
+    supremum = assumption4_constant(hessians.numpy()[None], clusters.numpy()[None])[0] ** 2
     i = 0
     j = int((clusters != clusters[i]).nonzero()[0])
     optima = task.optima.double()[clusters]

@@ -199,6 +199,8 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
     )
     failed = [f"{c['task']}: {c['claim']} ({c['gap_points']:+.1f} points)" for c in checks if not c["holds"]]
     footer = "All claimed orderings hold." if not failed else "Orderings that do not hold: " + "; ".join(failed)
+    if quick:
+        footer += " (quick mode: a smoke run that decides no claim; the full run exits 1 when an ordering fails)"
     summary = {
         "results": {f"{task} | {method}": metrics for (task, method), metrics in results.items()},
         "orderings": checks,
