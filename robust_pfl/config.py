@@ -168,7 +168,7 @@ class TheoryConfig(_Strict):
     estimate: list[Literal[THEORY_ESTIMATES]] = Field(min_length=1)
     every: int = Field(10, ge=1, description="rounds between estimates (and round 0, and the last)")
     power_iterations: int = Field(100, ge=1, description="Hessian power-iteration steps for L and mu")
-    memory_budget_mb: int = Field(256, ge=1, description="working set of the cross gradients")
+    memory_budget_mb: int = Field(256, ge=1, description="bound on the [models, clients, d] cross gradients held at once (A, Delta)")
 
     @field_validator("estimate")
     @classmethod

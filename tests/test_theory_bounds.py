@@ -92,3 +92,11 @@ def test_clustering_rounds_at_one_cluster():
     # delta_i = 1: log(0.01) / log(1/2) = 6.64 -> 7 rounds (eq. 13 has no jump there)
     assert bounds.clustering_rounds(1.0, 100.0, 1.0) == 7
     assert bounds.clustering_rounds(1.0, 100.0, 0.999) == 7
+
+
+def test_lemma1_constants_per_instance():
+    constants = bounds.lemma1_constants(np.array([4.0, 3.0]), np.array([2.0, 1.0]))
+    np.testing.assert_allclose(constants["A"], [4.0, 6.0])
+    np.testing.assert_allclose(constants["D2"], [10.0, 20.0])
+    with pytest.raises(ValueError, match="mu > 0"):
+        bounds.lemma1_constants(np.array([1.0, 1.0]), np.array([1.0, 0.0]))

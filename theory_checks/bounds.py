@@ -76,10 +76,11 @@ def mc_rate(sigma: ArrayLike, separation: ArrayLike, n: ArrayLike, beta: ArrayLi
     return constant * (np.sqrt(base / rounds) + attacked / (rounds**0.25 * base**0.25))
 
 
-def lemma1_constants(smoothness: float, strong_convexity: float) -> dict[str, float]:
-    """Lemma 1 (eq. 18-19): ``A = 2L/mu`` and ``D^2 = 2 (1 + (L/mu)^2)``.  Its
-    ``Delta^2`` depends on the optima: see :func:`lemma1_separation`."""
-    if strong_convexity <= 0:
+def lemma1_constants(smoothness: ArrayLike, strong_convexity: ArrayLike) -> dict[str, ArrayLike]:
+    """Lemma 1 (eq. 18-19): ``A = 2L/mu`` and ``D^2 = 2 (1 + (L/mu)^2)`` (floats, or
+    arrays of instances).  Its ``Delta^2`` depends on the optima: see
+    :func:`lemma1_separation`."""
+    if np.any(np.asarray(strong_convexity) <= 0):
         raise ValueError(f"Lemma 1 needs mu > 0, got {strong_convexity}")
     kappa = smoothness / strong_convexity
     return {"A": 2 * kappa, "A2": 4 * kappa**2, "D2": 2 * (1 + kappa**2)}

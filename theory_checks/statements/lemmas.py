@@ -47,7 +47,7 @@ def curvature_range(hessians: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def separation_constant(hessians: np.ndarray) -> np.ndarray:
     """Lemma 1's ``D^2 = 2 (1 + (L/mu)^2)`` per instance (from :func:`curvature_range`)."""
     smoothness, convexity = curvature_range(hessians)
-    return np.array([lemma1_constants(float(ell), float(mu))["D2"] for ell, mu in zip(smoothness, convexity)])
+    return lemma1_constants(smoothness, convexity)["D2"]
 
 
 def client_optima(optima: np.ndarray, clusters: np.ndarray) -> np.ndarray:
@@ -122,7 +122,7 @@ def assumption4_constant(hessians: np.ndarray, clusters: np.ndarray) -> np.ndarr
 def assumption4_margin(instance: Instance) -> np.ndarray:
     """``(2L/mu - A) / (2L/mu)`` per instance (eq. 18), ``[B]``."""
     smoothness, convexity = curvature_range(instance["hessians"])
-    claimed = np.array([lemma1_constants(float(ell), float(mu))["A"] for ell, mu in zip(smoothness, convexity)])
+    claimed = lemma1_constants(smoothness, convexity)["A"]
     return (claimed - assumption4_constant(instance["hessians"], instance["clusters"])) / claimed
 
 
