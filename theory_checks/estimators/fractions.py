@@ -52,6 +52,17 @@ def dense_groups(labels: Tensor) -> tuple[Tensor, Tensor]:
     return groups, values
 
 
+def select_included(rows: Tensor, clusters: Tensor, include: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``rows[T, N, ...]`` restricted to the included clients (dimension 1, before any
+    arithmetic), their clusters relabelled ``0..K-1``, the original cluster labels
+    ``[K]`` and the included clients' indices ``[k]``."""
+    clients = rows.shape[1]
+    labels = cluster_labels(clusters, clients).to(rows.device)
+    index = included_clients(include, clients, rows.device)
+    groups, values = dense_groups(labels[index])
+    return rows.index_select(1, index), groups, values, index
+
+
 def federation_fractions(cluster_ids: Tensor, byzantine: Tensor) -> dict[str, Tensor]:
     """Per client (honest and Byzantine, ``N`` = all clients):
 

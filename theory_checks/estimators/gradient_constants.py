@@ -20,7 +20,7 @@ from torch import Tensor
 
 from robust_pfl.data import Batch
 from robust_pfl.objectives import Objective
-from theory_checks.estimators.fractions import cluster_labels, dense_groups, included_clients
+from theory_checks.estimators.fractions import select_included
 from theory_checks.types import Estimate
 
 # Elements of ``g_i - g_j`` formed at once when taking pairwise distances.
@@ -37,13 +37,11 @@ def _selected(gradients: Tensor, clusters: Tensor, include: Tensor | None) -> tu
     if not isinstance(gradients, Tensor) or gradients.dim() != 3 or not gradients.dtype.is_floating_point:
         shape = tuple(gradients.shape) if isinstance(gradients, Tensor) else type(gradients).__name__
         raise ValueError(f"gradients must be a floating tensor [M, N, d], got {shape}")
-    models, clients, dim = gradients.shape
+    models, _, dim = gradients.shape
     if models == 0 or dim == 0:
         raise ValueError(f"gradients needs at least one model and one coordinate, got shape {tuple(gradients.shape)}")
-    labels = cluster_labels(clusters, clients).to(gradients.device)
-    index = included_clients(include, clients, gradients.device)
-    groups, _ = dense_groups(labels[index])
-    return gradients.index_select(1, index), groups, index
+    selected, groups, _, index = select_included(gradients, clusters, include)
+    return selected, groups, index
 
 
 def _ratios(selected: Tensor, groups: Tensor) -> Tensor:

@@ -9,19 +9,9 @@ import math
 import torch
 from torch import Tensor
 
-from theory_checks.estimators.fractions import cluster_labels, dense_groups, included_clients
+from theory_checks.estimators.fractions import select_included
 from theory_checks.estimators.gradient_constants import pairwise_squared_distances
 from theory_checks.types import Estimate
-
-
-def _selected(points: Tensor, clusters: Tensor, include: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-    """``points[T, N, d]`` restricted to included rows (before any arithmetic), their
-    clusters relabelled ``0..K-1`` and the original cluster labels ``[K]``."""
-    clients = points.shape[1]
-    labels = cluster_labels(clusters, clients).to(points.device)
-    index = included_clients(include, clients, points.device)
-    groups, values = dense_groups(labels[index])
-    return points.index_select(1, index), groups, values
 
 
 def _cluster_moments(points: Tensor, groups: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -50,7 +40,7 @@ def _check_points(points: Tensor, name: str, dims: tuple[int, ...]) -> None:
 
 def _noise(points: Tensor, clusters: Tensor, include: Tensor | None, name: str) -> Estimate:
     """:func:`cloud_noise` over rounds ``points[T, N, d]`` (max over rounds)."""
-    selected, groups, values = _selected(points, clusters, include)
+    selected, groups, values, _ = select_included(points, clusters, include)
     _, sizes, variances = _cluster_moments(selected, groups)
     usable = sizes > 1
     if not bool(usable.any()):
@@ -68,7 +58,7 @@ def _noise(points: Tensor, clusters: Tensor, include: Tensor | None, name: str) 
 
 def _separation(points: Tensor, clusters: Tensor, include: Tensor | None, debias: bool, name: str) -> Estimate:
     """:func:`cloud_separation` over rounds ``points[T, N, d]`` (min over rounds)."""
-    selected, groups, values = _selected(points, clusters, include)
+    selected, groups, values, _ = select_included(points, clusters, include)
     count = values.numel()
     if count < 2:
         raise ValueError(f"{name}: separation needs included points from at least two clusters, got one")
