@@ -9,7 +9,6 @@ import argparse
 import json
 import re
 import struct
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +24,7 @@ from robust_pfl.experiments import validate
 from robust_pfl.placement import ByzantinePlacement
 from robust_pfl.tasks.images import ImageTask
 
-REPO = Path(__file__).resolve().parents[1]
-QUICKSTART = REPO / "configs" / "quickstart.toml"
-METHOD = '[[methods]]\nname = "local"\n'
-
-
-def write(tmp_path: Path, text: str, name: str = "config.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
+from test_config import METHOD, QUICKSTART, write  # the config tests' helpers
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
