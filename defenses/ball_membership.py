@@ -84,21 +84,49 @@ class RowCopies:
 
 def row_copies(z: Tensor, admissible: Tensor, keys: Tensor, slack: Tensor) -> RowCopies | None:
     """The candidate identical rows of ``z[B, N, d]`` (inadmissible rows excluded), or
-    ``None`` when there are none.  ``keys[B, M, N]`` are values computed from the rows
-    that identical rows share up to ``slack[B, M, N]`` (squared distances to the
-    starting centres and squared norms): pairs whose keys all agree within their
-    summed slack and whose coordinates agree in a few spread columns are candidates."""
-    close = ((keys.unsqueeze(-1) - keys.unsqueeze(-2)).abs() <= slack.unsqueeze(-1) + slack.unsqueeze(-2)).all(1)
-    close = (close & admissible.unsqueeze(-1) & admissible.unsqueeze(-2)).triu(1)  # [B, N, N], pairs i < j
+    ``None`` when there are none.  Identical rows have bit-identical coordinates, so
+    rows are first grouped by a hash of a few spread columns (two sorts of ``B N``
+    integers); only rows of one group are paired, and a pair stays a candidate where its
+    ``keys[B, M, N]`` (values identical rows share up to ``slack[B, M, N]``: squared
+    distances to the starting centres and squared norms) agree within the summed
+    slack.  Every pair of a group is kept: a row crafted to match another's spread
+    columns cannot hide the copies that share its group."""
+    problem, row = admissible.nonzero().unbind(-1)
+    if problem.numel() < 2:
+        return None
+    key = _probe_hash(_probe_columns(z)[problem, row])
+    order = torch.argsort(key, stable=True)
+    order = order[torch.argsort(problem[order], stable=True)]  # by problem, then key, then row
+    problem, row, key = problem[order], row[order], key[order]
+    starts = torch.ones_like(problem, dtype=torch.bool)
+    starts[1:] = (problem[1:] != problem[:-1]) | (key[1:] != key[:-1])
+    group = starts.cumsum(0)
+    counts = torch.bincount(group)
+    shared = counts[group] > 1
+    if not bool(shared.any()):
+        return None
+    problem, row, group = problem[shared], row[shared], group[shared]
+    parts = []
+    for shift in range(1, int(counts.max())):  # pairs `shift` apart within a group
+        same = group[shift:] == group[:-shift]
+        parts.append((problem[shift:][same], row[:-shift][same], row[shift:][same]))
+    problem, first, second = (torch.cat(column) for column in zip(*parts))
+    close = ((keys[problem, :, first] - keys[problem, :, second]).abs()
+             <= slack[problem, :, first] + slack[problem, :, second]).all(-1)
     if not bool(close.any()):
         return None
-    problem, first, second = close.nonzero().unbind(-1)
-    probes = _probe_columns(z).flatten(0, 1)
-    n = z.shape[1]
-    same = (probes.index_select(0, problem * n + first) == probes.index_select(0, problem * n + second)).all(-1)
-    if not bool(same.any()):
-        return None
-    return RowCopies(z, problem[same], first[same], second[same])
+    return RowCopies(z, problem[close], first[close], second[close])
+
+
+def _probe_hash(probes: Tensor) -> Tensor:
+    """``[R]`` int64 hash of each row of ``probes[R, w]``: the coordinates' float64 bits
+    times fixed odd multipliers, summed with wrap-around.  Integer sums do not depend on
+    their order, so identical rows hash identically (``-0.0`` counts as ``0.0``); a
+    collision only adds a candidate pair, which the keys and the full comparison judge."""
+    bits = (probes.to(torch.float64) + 0.0).view(torch.int64)
+    generator = torch.Generator().manual_seed(0)
+    multipliers = torch.randint(-(2**62), 2**62, (probes.shape[-1],), generator=generator) * 2 + 1
+    return (bits * multipliers.to(bits.device)).sum(-1)
 
 
 def _probe_columns(z: Tensor) -> Tensor:

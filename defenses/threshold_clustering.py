@@ -90,12 +90,26 @@ def squared_norms(points: Tensor) -> Tensor:
 
 
 def admissible_points(points: Tensor) -> Tensor:
-    """``[..., N]`` mask of points with finite coordinates and finite squared norm."""
-    return torch.isfinite(squared_norms(points))
+    """``[..., N]`` mask of points with finite coordinates and finite squared norm
+    (taken in float32 for float16 and bfloat16 rows: a float16 row of norm 300 is an
+    ordinary row, though its squared norm overflows float16)."""
+    wide = points.float() if points.dtype in _WIDENED_DTYPES else points
+    return torch.isfinite(squared_norms(wide))
 
 
-# Dtypes whose distances ``torch.cdist`` does not compute.
-_WIDENED_FOR_CDIST = (torch.float16, torch.bfloat16)
+def _narrowed(result: ClusteringResult, dtype: torch.dtype) -> ClusteringResult:
+    """``result`` (computed in float32) with its values rounded back to ``dtype``."""
+    return ClusteringResult(
+        result.centres.to(dtype),
+        result.inside,
+        result.radius.to(dtype),
+        None if result.distances is None else result.distances.to(dtype),
+        result.nearest,
+    )
+
+
+# Dtypes computed in float32: torch.cdist lacks them, and float16 squared norms overflow.
+_WIDENED_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def euclidean_distances(a: Tensor, b: Tensor) -> Tensor:
@@ -103,7 +117,7 @@ def euclidean_distances(a: Tensor, b: Tensor) -> Tensor:
     by the difference formula: exact to rounding, and every pair is computed alike, so
     identical rows get identical distances.  float16 and bfloat16 rows are compared in
     float32 and their distances rounded back to their dtype."""
-    if a.dtype in _WIDENED_FOR_CDIST:
+    if a.dtype in _WIDENED_DTYPES:
         return torch.cdist(a.float(), b.float(), compute_mode="donot_use_mm_for_euclid_dist").to(a.dtype)
     return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
 
@@ -146,6 +160,12 @@ def threshold_clustering(
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
     if points.dim() not in (2, 3):
         raise ValueError(f"points must be [N, d] or [B, N, d]; got {tuple(points.shape)}")
+    if points.dtype in _WIDENED_DTYPES:
+        # float16's squared norms overflow from ||z|| = 256: run in float32, round back
+        wide = centres.float() if centres.is_floating_point() else centres
+        result = threshold_clustering(points.float(), wide, radius, rounds, method=method,
+                                      final_distances=final_distances, nearest=nearest)
+        return _narrowed(result, points.dtype)
     policy = make_radius(radius)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)

@@ -16,7 +16,7 @@ import attacks
 from defenses.ball_membership import row_copies
 from defenses.ifca import IFCA
 from defenses.robust_aggregators import AGGREGATORS, make_aggregator
-from defenses.threshold_clustering import METHODS, nearest_centre, threshold_clustering
+from defenses.threshold_clustering import METHODS, admissible_points, nearest_centre, threshold_clustering
 from robust_pfl import Federation
 from robust_pfl.data import ClientData
 from robust_pfl.grid import Cell, CellStore, run_grid
@@ -258,3 +258,34 @@ def test_lines_that_are_not_cell_records_are_skipped_reported_and_rerun(tmp_path
             "or not a JSON object with key_text, key and rows); a cell such a line held runs again"
         )
     assert [json.loads(line)["key"] for line in path.read_text().splitlines()[8:]] == [{"attack": "y"}, {"attack": "z"}]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_float16_rows_of_ordinary_norm_are_admissible(method):
+    """A float16 row of norm 300 has a squared norm past float16's range (65504) but is an
+    ordinary row: it enters balls as in float32, and the centres come back in float16."""
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(2, 20, 5, generator=g) * 150  # norms ~ 300
+    wide = threshold_clustering(z, z[:, :1].clone(), {"policy": "quantile", "q": 0.5}, 3, method=method)
+    half = threshold_clustering(z.half(), z[:, :1].half(), {"policy": "quantile", "q": 0.5}, 3, method=method)
+    assert half.centres.dtype == torch.float16
+    assert int(half.inside.sum()) == int(wide.inside.sum()) > 0
+    torch.testing.assert_close(half.centres.float(), wide.centres, rtol=2e-3, atol=0.5)
+    assert bool(admissible_points(z.half()).all())
+
+
+def test_a_row_matching_the_probes_cannot_hide_true_copies():
+    """Row 0 agrees with rows 1 and 2 in every probed column and in the keys but differs
+    elsewhere; rows 1 and 2 are exact copies.  A ball that splits 1 from 2 has them
+    compared, and they merge, whatever row 0 does."""
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(1000, generator=g)
+    crafted = base.clone()
+    crafted[[20, 30]] = base[[30, 20]]  # outside the probed columns, same norm
+    z = torch.stack([crafted, base, base, torch.randn(1000, generator=g)]).unsqueeze(0)
+    norms = torch.linalg.vector_norm(z, dim=-1).square()
+    keys = torch.stack([norms, norms], dim=1)
+    copies = row_copies(z, torch.ones(1, 4, dtype=torch.bool), keys, 1e-3 * keys)
+    assert copies is not None
+    assert copies.split(torch.tensor([[[True, True, False, False]]]))  # 0 with 1, 2 apart
+    assert copies.first.tolist() == [[0, 1, 1, 3]]

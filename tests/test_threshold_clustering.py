@@ -67,10 +67,11 @@ def policy_from(name: str, tau: float, q: float):
 def avoid_rounding_ties(name: str, q: float, n: int) -> None:
     """Discard quantile levels whose interpolation weight is within 1e-6 of 0 or 1
     without being 0: there tau lies within rounding of an order statistic (e.g. q =
-    1 - 2**-53 puts tau an ulp below the largest distance), and whether that point is
-    inside depends on the last bit, not on eq. 24."""
+    1 - 2**-53 puts tau an ulp below the largest distance; q = 0.333... with n = 7 puts
+    the exact position 2**-52 below the integer that the float product rounds to), and
+    whether that point is inside depends on the last bit, not on eq. 24."""
     if name == "quantile":
-        position = q * (n - 1)
+        position = Fraction(q) * (n - 1)  # exactly, as the reference computes it
         frac = position - math.floor(position)
         assume(frac == 0 or 1e-6 < frac < 1 - 1e-6)
 
