@@ -63,6 +63,12 @@ from theory_checks.types import CheckResult
 _SEARCH: dict[str, tuple[int, int]] = {"quick": (8, 250), "full": (80, 500)}  # (batches, batch size)
 
 
+def _search(budget: Budget, sample, margin, candidates, seed: int, valid) -> SearchOutcome:
+    """:func:`search_then_shrink` with the budget's batches (one seed per statement)."""
+    batches, size = _SEARCH[budget]
+    return search_then_shrink(sample, margin, candidates, seed=seed, batches=batches, batch_size=size, valid=valid)
+
+
 def _fails(name: str, outcome: SearchOutcome, counterexample: dict, evidence: str, details: dict) -> CheckResult:
     return CheckResult(name, "fails", instances=outcome.tried, worst_slack=outcome.margin,
                        counterexample=counterexample, evidence=evidence,
@@ -188,9 +194,7 @@ def _lemma1_counterexample(instance: Instance) -> dict:
     "false_as_printed",
 )
 def check_lemma1_max(budget: Budget = "quick") -> CheckResult:
-    batches, size = _SEARCH[budget]
-    outcome = search_then_shrink(_sample_quadratics, max_form_margin, quadratic_candidates, seed=301,
-                                 batches=batches, batch_size=size, valid=valid_quadratics)
+    outcome = _search(budget, _sample_quadratics, max_form_margin, quadratic_candidates, seed=301, valid=valid_quadratics)
     if outcome.shrunk is None:
         return _not_found("lemma1-max", outcome)
     example = _lemma1_counterexample(outcome.shrunk)
@@ -273,9 +277,7 @@ def valid_distribution(instance: Instance) -> bool:
     "false_as_printed",
 )
 def check_var_y_le_var_z(budget: Budget = "quick") -> CheckResult:
-    batches, size = _SEARCH[budget]
-    outcome = search_then_shrink(_sample_thresholded, variance_claim_margin, distribution_candidates, seed=302,
-                                 batches=batches, batch_size=size, valid=valid_distribution)
+    outcome = _search(budget, _sample_thresholded, variance_claim_margin, distribution_candidates, seed=302, valid=valid_distribution)
     if outcome.shrunk is None:
         return _not_found("var-y-le-var-z", outcome)
     moments = {key: float(value[0]) for key, value in thresholded_moments(batched(outcome.shrunk)).items()}
@@ -348,9 +350,7 @@ def two_point_candidates(instance: Instance) -> Iterator[Instance]:
     "false_as_printed",
 )
 def check_thm32_constant(budget: Budget = "quick") -> CheckResult:
-    batches, size = _SEARCH[budget]
-    outcome = search_then_shrink(_sample_two_point, two_point_margin, two_point_candidates, seed=304,
-                                 batches=batches, batch_size=size, valid=valid_two_point)
+    outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=304, valid=valid_two_point)
     if outcome.shrunk is None:
         return _not_found("thm3.2-constant", outcome)
     error, bound = (float(side[0]) for side in two_point_sides(batched(outcome.shrunk)))
