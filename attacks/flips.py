@@ -11,7 +11,7 @@ from attacks._stats import client_row, expand_rows, honest_mean, own_rows
 from attacks.base import NeedsBy, register, require_choice, require_finite, require_int
 from robust_pfl.types import AttackContext
 
-SOURCES = ("own", "client", "mean")
+SOURCES = ("own", "client", "client_model", "mean")
 
 
 @register
@@ -23,17 +23,28 @@ class BitFlip:
 
     * ``"own"`` (default): the Byzantine client's own honest row, exactly ``-g_i``
       (needs nothing beyond the client's own data);
-    * ``"client"``: the row of global client ``client`` (default 0: the official code
-      flips client 0's gradient).  If that client is not among this call's senders
-      (``context.senders``) or is Byzantine, the honest sender with the lowest global
-      index present is flipped instead;
+    * ``"client"``: the row of global client ``client`` (default 0) in this message
+      set.  In Federated-Clustering, whose messages to receiver ``i`` are evaluated at
+      ``x_i``, that is ``g_c(x_i)``: a different vector for every receiver.  If that
+      client is not among this call's senders (``context.senders``) or is Byzantine,
+      the honest sender with the lowest global index present is flipped instead;
+    * ``"client_model"``: the official FC code's rule (its Fig. 6 run): one vector,
+      client ``client``'s gradient at client ``client``'s own model on this round's
+      batch, ``g_c(x_c)``, sent to every receiver.  In FC it is read from
+      ``context.defense_state["client_gradient"]`` (a Byzantine or unknown ``client``
+      gives the honest client of lowest index); wherever the messages are the
+      clients' own vectors (MC, Myopic, Global: not ``"cross_gradient"``), client
+      ``c``'s row already is ``g_c(x_c)`` and it is the same as ``"client"``;
     * ``"mean"``: the honest mean of every leading block.
 
-    ``"client"`` and ``"mean"`` read honest rows (``needs = {"omniscient"}``).
+    Every source but ``"own"`` reads honest vectors (``needs = {"omniscient"}``).
     """
 
     name: ClassVar[str] = "bit_flip"
-    summary: ClassVar[str] = "send -scale * g: own honest row, one honest client's row, or the honest mean"
+    summary: ClassVar[str] = (
+        "send -scale * g: own honest row (default), client c's row, client c's gradient at its own "
+        "model to every receiver (client_model, the official FC code), or the honest mean"
+    )
     needs = NeedsBy(frozenset({"omniscient"}), lambda self: frozenset() if self.source == "own" else {"omniscient"})
     source: str = "own"
     client: int = 0
@@ -47,8 +58,20 @@ class BitFlip:
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         if self.source == "own":
             flipped = own_rows(messages, context)
-        elif self.source == "client":
+        elif self.source == "client_model" and context.kind == "cross_gradient":
+            flipped = expand_rows(self._client_model_gradient(messages, context), messages, context)
+        elif self.source in ("client", "client_model"):
             flipped = expand_rows(client_row(messages, context, self.client), messages, context)
         else:
             flipped = expand_rows(honest_mean(messages, context), messages, context)
         return flipped.mul_(-self.scale)
+
+    def _client_model_gradient(self, messages: Tensor, context: AttackContext) -> Tensor:
+        """``g_c(x_c)`` as a ``[1, d]`` row, from the defense's ``client_gradient``."""
+        gradient = context.defense_state.get("client_gradient")
+        if gradient is None:
+            raise ValueError(
+                "bit_flip.source 'client_model' on cross gradients needs the defense to expose "
+                "defense_state['client_gradient'] (Federated-Clustering does); use source 'client' instead"
+            )
+        return gradient(self.client).reshape(1, -1).to(messages.device)

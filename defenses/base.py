@@ -90,6 +90,22 @@ class HeavyBall:
         # (params, its version counter, a bound on max|params|) after an in-place step
         self._bound: tuple[Tensor, int, float] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled state (a checkpoint): without the two scratch tensors (rebuilt on
+        the next whole-tensor step), and with the carried bound marked valid or not,
+        since unpickled tensors restart their version counters."""
+        state = {**self.__dict__, "_spare": None, "_moved": None}
+        if self._bound is not None:
+            params, version, bound = self._bound
+            state["_bound"] = (params, params._version == version, bound)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._bound is not None:
+            params, valid, bound = self._bound
+            self._bound = (params, params._version, bound) if valid else None
+
     def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
         """Update ``params`` in place with ``update`` on ``rows`` (all rows if None).
 

@@ -4,7 +4,8 @@ Momentum-Clustering (Alg. 4) and Myopic-Clustering (Alg. 1), all built on
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Any, Callable, Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -19,6 +20,7 @@ from defenses.threshold_clustering import (
     admissible_points,
     threshold_clustering,
 )
+from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -36,7 +38,10 @@ class ClusteringParams(AlgorithmParams):
 
     radius: float | dict[str, Any] = Field(
         default_factory=lambda: {"policy": "quantile", "q": 0.2},
-        description="fixed radius, or {policy = fixed|theory|quantile|cd, ...}",
+        description="fixed radius, or {policy = fixed|theory|quantile|cd, ...}; quantile: q, rule = "
+        "interpolated (default, with factor = 1, strict = false) | official (0.99 * sorted(d)[int(q N)], "
+        "d <= tau); cd: fit = lloyd (default, iterations = 25) | kmeans++ (the optimal 3-means, as the "
+        "official code's KMeans)",
     )
     clustering_rounds: int = Field(10, ge=0, description="Threshold-Clustering rounds M")
     method: Literal["auto", "direct", "gram", "pairwise"] = Field(
@@ -68,6 +73,13 @@ class ClusteringParams(AlgorithmParams):
 
 class FederatedClusteringParams(ClusteringParams):
     groups: int = Field(1, ge=1, description="random subgroups per round (paper's MNIST: 16)")
+    subgroup_split: Literal["balanced", "chunks"] = Field(
+        "balanced",
+        description="how the round's shuffle of all clients is cut into groups: balanced (default): "
+        "`groups` parts whose sizes differ by at most one; chunks: the official code's consecutive "
+        "chunks of ceil(N / groups), the last shorter (300 clients, 16 groups: 15 x 19 + 15), which "
+        "can make fewer groups (10 clients, 6 groups: 5 x 2)",
+    )
     # 1024 MB: three receivers per chunk at the Fig. 6 scale, whose clustering then
     # shares its per-call costs; in the five two-thread benchmark runs of
     # benchmarks/README.md that timed both, its rounds took 21.2 / 21.0 / 25.0 / 25.1 /
@@ -88,6 +100,11 @@ class FederatedClustering(Algorithm):
     batched chunks of receivers whose working set stays under ``memory_budget_mb``.
     Byzantine clients' own models are never updated (only their messages matter).
     All clients of a subgroup use the same batch for every receiver in a round.
+
+    Besides the ball (``centres``, ``radius_policy``, ``aggregate``), the attack sees
+    ``client_gradient(c)``: client ``c``'s honest gradient at its own model on this
+    round's batch, ``g_c(x_c)`` (``[d]``; for a Byzantine or unknown ``c``, the honest
+    client of lowest index), which bit flip's ``"client_model"`` source sends.
     """
 
     name = "fc"
@@ -106,6 +123,17 @@ class FederatedClustering(Algorithm):
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A checkpoint leaves out the round's scratch (the cross-gradient workspace, up
+        to ``memory_budget_mb``, and the ``[N, d]`` own-gradient and update buffers):
+        each is overwritten before it is read."""
+        return {**self.__dict__, "_buffer": None, "_own": None, "_updates": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._own = torch.zeros_like(self.models)
+        self._updates = torch.zeros_like(self.models)
+
     def _cluster(self, messages: Tensor, starts: Tensor) -> ClusteringResult:
         """Alg. 3 on ``messages[M, S, d]``, each problem's centre starting at the row
         ``starts[M, 1]`` of its messages (the receiver's own gradient)."""
@@ -113,11 +141,37 @@ class FederatedClustering(Algorithm):
         return threshold_clustering(messages, starts, self.policy, self.params.clustering_rounds, method=method)
 
     def _subgroups(self) -> list[Tensor]:
+        """This round's groups: a seeded shuffle of all clients (Byzantine ones
+        included) cut as ``subgroup_split`` says."""
         n = self.federation.clients
         if self.params.groups == 1:
             return [torch.arange(n, device=self.federation.device)]
         order = torch.randperm(n, generator=self._groups_rng, device=self._groups_rng.device)
-        return [part.to(self.federation.device) for part in torch.tensor_split(order, self.params.groups)]
+        if self.params.subgroup_split == "chunks":
+            parts = torch.split(order, math.ceil(n / self.params.groups))
+        else:
+            parts = torch.tensor_split(order, self.params.groups)
+        return [part.to(self.federation.device) for part in parts]
+
+    def _client_gradients(self, batch: Batch) -> Callable[[int], Tensor]:
+        """``c -> g_c(x_c)`` on ``batch`` (this round's), computed when first asked
+        and kept for the round; a Byzantine or unknown ``c`` gives the honest client
+        of lowest index."""
+        fed = self.federation
+        kept: dict[int, Tensor] = {}
+
+        def client_gradient(client: int) -> Tensor:
+            honest = fed.honest
+            if not 0 <= client < fed.clients or not bool(honest[client]):
+                if not bool(honest.any()):
+                    raise ValueError("client_gradient: the federation has no honest client")
+                client = int(honest.nonzero()[0, 0])
+            if client not in kept:
+                rows = torch.tensor([client], device=self.models.device)
+                kept[client] = fed.cross_gradients(self.models[rows], batch.select(rows))[0, 0]
+            return kept[client]
+
+        return client_gradient
 
     def _workspace(self, rows: int, senders: int) -> Tensor:
         shape = (rows, senders, self.models.shape[1])
@@ -131,6 +185,7 @@ class FederatedClustering(Algorithm):
         d = self.models.shape[1]
         updates, own = self._updates.zero_(), self._own.zero_()
         row_bytes = 2 * d * self.models.element_size()
+        client_gradient = self._client_gradients(batch)
         for members in self._subgroups():
             # Honest senders first: when the attack overwrites the Byzantine rows unread,
             # only the leading honest block is computed (Threshold-Clustering does not
@@ -151,7 +206,12 @@ class FederatedClustering(Algorithm):
                 def aggregate(messages: Tensor, starts: Tensor = starts) -> Tensor:
                     return self._cluster(messages, starts).centres
 
-                state = {"centres": start.unsqueeze(1), "radius_policy": self.policy, "aggregate": aggregate}
+                state = {
+                    "centres": start.unsqueeze(1),
+                    "radius_policy": self.policy,
+                    "aggregate": aggregate,
+                    "client_gradient": client_gradient,
+                }
                 received = fed.deliver(
                     grads,
                     round_index,
@@ -225,6 +285,14 @@ class _ServerClustering(Algorithm):
         if slot is None or received.shape != self.models.shape or centres.shape != slot.shape:
             return centres
         return slot.copy_(centres)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickling (a checkpoint) moves every buffer: the slots are keyed afresh by
+        the address of the buffer each lies just ahead of."""
+        self.__dict__.update(state)
+        self._centre_slots = {
+            slot.data_ptr() + slot.numel() * slot.element_size(): slot for slot in self._centre_slots.values()
+        }
 
     def _own_gradients(self, into: Tensor | None = None, blend: float | None = None) -> Tensor:
         """``g_i(x_i)`` of every client this round, in a reused buffer (or blended into

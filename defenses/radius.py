@@ -101,42 +101,85 @@ class TheoryRadius:
         return _constant_undecided(self.tau, lower, upper)
 
 
+QUANTILE_RULES = ("interpolated", "official")
+OFFICIAL_QUANTILE_FACTOR = 0.99  # the official code's ``tau = 0.99 * ds[int(len(ds) * q)]``
+
+
 @dataclass(frozen=True)
 class QuantileRadius:
-    """``tau = factor * (q-quantile of the distances to the current centre)``,
-    recomputed every round.  Linear interpolation between order statistics (NumPy's
-    default); infinite distances sort last.  The paper uses q = 0.2 on MNIST; the
-    official code multiplies by ``factor = 0.99`` and uses ``strict`` inclusion."""
+    """A radius read from the distances' order statistics, recomputed every round;
+    infinite (inadmissible) distances sort last.  The paper uses q = 0.2 on MNIST.
+
+    ``rule`` (default ``"interpolated"``):
+
+    * ``"interpolated"``: ``tau = factor * (q-quantile)``, linear interpolation between
+      the order statistics at position ``q (N - 1)`` (NumPy's default); ``factor``
+      (default 1) and ``strict`` (``<`` instead of ``<=``, default false) apply.
+    * ``"official"``: the official code's rule, ``tau = 0.99 * sorted(d)[int(q * N)]``
+      (``N`` points, the float product truncated as the official code does: N = 19,
+      q = 0.2 reads rank ``int(3.8000000000000003) = 3``; capped at ``N - 1``, so
+      q = 1 reads the largest), a point inside when ``d <= tau``.  It fixes both the
+      factor and the inclusion, so ``factor`` must stay 1 and ``strict`` false.
+    """
 
     q: float
     factor: float = 1.0
     strict: bool = False
+    rule: str = "interpolated"
 
     def __post_init__(self) -> None:
         _require(0 <= self.q <= 1, f"radius q must be in [0, 1], got {self.q}")
         _require(self.factor > 0, f"radius factor must be > 0, got {self.factor}")
+        _require(
+            self.rule in QUANTILE_RULES,
+            f"radius rule must be one of {list(QUANTILE_RULES)}, got {self.rule!r}{did_you_mean(self.rule, QUANTILE_RULES)}",
+        )
+        if self.rule == "official":
+            _require(
+                self.factor == 1.0,
+                f"radius factor applies to rule 'interpolated' only: rule 'official' takes "
+                f"0.99 * sorted(d)[int(q N)]; got factor {self.factor}",
+            )
+            _require(
+                not self.strict,
+                "radius strict applies to rule 'interpolated' only: rule 'official' includes d <= tau; got strict True",
+            )
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
-        return self.factor * quantile_with_inf(distances, self.q)
+        return self._radius_of_sorted(distances.sort(dim=-1).values)
+
+    def _ranks(self, n: int) -> tuple[int, int]:
+        """The two (possibly equal) 0-based ranks among ``n`` sorted distances that
+        ``tau`` reads."""
+        if self.rule == "official":
+            rank = min(int(n * self.q), n - 1)  # the official code's float product, truncated
+            return rank, rank
+        position = self.q * (n - 1)
+        return math.floor(position), math.ceil(position)
+
+    def _radius_of_sorted(self, ordered: Tensor) -> Tensor:
+        """``tau`` of distances already sorted along the last dimension."""
+        if self.rule == "official":
+            return OFFICIAL_QUANTILE_FACTOR * ordered[..., self._ranks(ordered.shape[-1])[0]]
+        return self.factor * _quantile_of_sorted(ordered, self.q)
 
     def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
-        """Points that may sit at one of the two order statistics the quantile reads,
-        or whose membership is open.
+        """Points that may sit at one of the order statistics the radius reads, or
+        whose membership is open.
 
         The r-th smallest distance lies between the r-th smallest ``lower`` and the
         r-th smallest ``upper``; a point entirely below (above) that range has rank
-        below (above) r.  So the points meeting the range between the two order
+        below (above) r.  So the points meeting the range between the read order
         statistics' brackets include every point at those ranks, and once they are
         exact ``tau`` is exact, whatever stands in for the other points on their own
         side.  ``tau`` grows with every distance, so it lies between the radius of
         ``lower`` and of ``upper``; points meeting that range have an open
         membership."""
-        position = self.q * (lower.shape[-1] - 1)
-        low_rank, high_rank = math.floor(position), math.ceil(position)
+        low_rank, high_rank = self._ranks(lower.shape[-1])
         ordered_lower, ordered_upper = lower.sort(dim=-1).values, upper.sort(dim=-1).values
         at_ranks = _meets(lower, upper, ordered_lower[..., low_rank], ordered_upper[..., high_rank])
-        radius_lower = self.factor * _quantile_of_sorted(ordered_lower, self.q)
-        radius_upper = self.factor * _quantile_of_sorted(ordered_upper, self.q)
+        radius_lower = self._radius_of_sorted(ordered_lower)
+        radius_upper = self._radius_of_sorted(ordered_upper)
         return at_ranks | _meets(lower, upper, radius_lower, radius_upper)
 
 
@@ -158,19 +201,48 @@ def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
     return torch.where(torch.isfinite(low), low + frac * (high - low), low)
 
 
+CD_FITS = ("lloyd", "kmeans++")
+
+
 @dataclass(frozen=True)
 class CenterDistanceRadius:
-    """"cd" policy: 1-D k-means with 3 centres on the finite distances; the radius is
-    the mean of the 2nd and 3rd (sorted) centres.  Batched Lloyd iterations started at
-    the minimum, median and maximum."""
+    """"cd" policy: 3-means on the finite distances (inadmissible points ignored); the
+    radius is the mean of the 2nd and 3rd (sorted) centres.
+
+    ``fit`` (default ``"lloyd"``):
+
+    * ``"lloyd"``: ``iterations`` (default 25) batched 1-D Lloyd iterations started at
+      the minimum, median and maximum: a local optimum, which on random distances is
+      often not the optimal one.
+    * ``"kmeans++"``: the official code's fit, scikit-learn's ``KMeans(n_clusters=3)``
+      (k-means++ seeding, 10 restarts) on the distances as a column.  Computed here as
+      the optimal 3-means, exactly (:func:`optimal_three_means_radius`): what the
+      restarts find whenever one of them reaches the optimum.  ``iterations`` does not
+      apply (leave it at its default).  With fewer than 3 distinct finite distances
+      the radius is the mean of the smallest and the largest (one value ``a``: ``a``,
+      every point inside; two values ``a < b``: ``(a + b) / 2``, the farther ones
+      outside); with none, 0.
+    """
 
     iterations: int = 25
     strict: bool = False
+    fit: str = "lloyd"
 
     def __post_init__(self) -> None:
         _require(self.iterations >= 1, f"radius iterations must be >= 1, got {self.iterations}")
+        _require(
+            self.fit in CD_FITS,
+            f"radius fit must be one of {list(CD_FITS)}, got {self.fit!r}{did_you_mean(self.fit, CD_FITS)}",
+        )
+        _require(
+            self.fit == "lloyd" or self.iterations == 25,
+            f"radius iterations applies to fit 'lloyd' only: fit 'kmeans++' finds the optimal "
+            f"3-means exactly; got iterations {self.iterations}",
+        )
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
+        if self.fit == "kmeans++":
+            return optimal_three_means_radius(distances)
         finite = torch.isfinite(distances)
         values = torch.where(finite, distances, torch.zeros_like(distances))
         weight = finite.to(distances.dtype)
@@ -192,6 +264,68 @@ class CenterDistanceRadius:
     def undecided(self, lower: Tensor, upper: Tensor) -> Tensor:
         """k-means on the distances is not monotone in them: every point is needed."""
         return torch.ones_like(lower, dtype=torch.bool)
+
+
+# Rows of the [rows, N, N] split-cost table evaluated at once: bounds its memory
+# (about 5 float64 tables of this many entries).
+_SPLIT_TABLE_ENTRIES = 1 << 22
+
+
+def optimal_three_means_radius(distances: Tensor) -> Tensor:
+    """The "cd" radius of the optimal 3-means of each row's finite distances:
+    ``dist[..., N] -> tau[...]``, the mean of the 2nd and 3rd sorted centres.
+
+    In one dimension an optimal k-means partition is three runs of the sorted values,
+    so every pair of split points is tried: ``O(N^2)`` per row from prefix sums,
+    batched over rows (in blocks of bounded memory), in float64.  Splits fall only
+    between distinct values (a run of equal values is never split), which loses no
+    optimum when there are at least 3 distinct values; with fewer, see
+    :class:`CenterDistanceRadius`.  Among equally good partitions the first in
+    (first split, second split) order wins."""
+    n = distances.shape[-1]
+    rows = distances.reshape(-1, n).double()
+    per_block = max(1, _SPLIT_TABLE_ENTRIES // max(1, n * n))
+    blocks = [_three_means_rows(rows[start : start + per_block]) for start in range(0, rows.shape[0], per_block)]
+    tau = torch.cat(blocks) if blocks else rows.new_zeros(0)
+    return tau.reshape(distances.shape[:-1]).to(distances.dtype)
+
+
+def _three_means_rows(rows: Tensor) -> Tensor:
+    """:func:`optimal_three_means_radius` of ``rows[R, N]`` (float64)."""
+    r, n = rows.shape
+    ordered = rows.sort(dim=-1).values  # infinite distances last
+    finite = torch.isfinite(ordered)
+    m = finite.sum(-1, keepdim=True)  # [R, 1] finite values per row
+    # centred on the row's finite mean, so that the prefix-sum costs lose little to cancellation
+    shift = torch.where(finite, ordered, 0.0).sum(-1, keepdim=True) / m.clamp_min(1)
+    centred = torch.where(finite, ordered - shift, 0.0)
+    zero = centred.new_zeros(r, 1)
+    s1 = torch.cat([zero, centred.cumsum(-1)], -1)  # [R, N + 1]: sum of the first k values
+    s2 = torch.cat([zero, centred.square().cumsum(-1)], -1)
+    k = torch.arange(n, device=rows.device, dtype=rows.dtype)
+    head = s2[:, :n] - s1[:, :n].square() / k.clamp_min(1)  # cost of [0, i), [R, N]
+    s1_end, s2_end = s1.gather(-1, m), s2.gather(-1, m)
+    tail_count = (m - k).clamp_min(1)
+    tail = (s2_end - s2[:, :n]) - (s1_end - s1[:, :n]).square() / tail_count  # cost of [j, m)
+    width = (k.view(1, 1, n) - k.view(1, n, 1)).clamp_min(1)  # j - i
+    middle_sum = s1[:, None, :n] - s1[:, :n, None]
+    middle = (s2[:, None, :n] - s2[:, :n, None]) - middle_sum.square() / width  # cost of [i, j)
+    total = head.unsqueeze(-1) + middle + tail.unsqueeze(-2)
+    starts_value = torch.cat([torch.zeros_like(finite[:, :1]), ordered[:, 1:] > ordered[:, :-1]], -1)
+    split_ok = starts_value & (k.view(1, n) < m)  # a new value starts at k, inside the finite part
+    index = torch.arange(n, device=rows.device)
+    ordered_pair = index.view(1, n, 1) < index.view(1, 1, n)
+    valid = split_ok.unsqueeze(-1) & split_ok.unsqueeze(-2) & ordered_pair
+    best = torch.where(valid, total, math.inf).flatten(1).argmin(-1)
+    i, j = (best // n).unsqueeze(-1), (best % n).unsqueeze(-1)
+    second = (s1.gather(-1, j) - s1.gather(-1, i)) / (j - i).clamp_min(1)
+    third = (s1_end - s1.gather(-1, j)) / (m - j).clamp_min(1)
+    tau = shift + 0.5 * (second + third)
+    # fewer than 3 distinct finite values: the mean of the smallest and the largest
+    lowest = ordered[:, :1]
+    highest = ordered.gather(-1, (m - 1).clamp_min(0))
+    few = torch.where(m > 0, 0.5 * (lowest + highest), 0.0)
+    return torch.where(valid.flatten(1).any(-1, keepdim=True), tau, few).squeeze(-1)
 
 
 RadiusSpec = Union[float, int, Mapping[str, Any], RadiusPolicy]

@@ -1,5 +1,5 @@
 """Command line: ``robust-pfl run CONFIG.toml``, ``robust-pfl reproduce fig3``,
-``robust-pfl attack-table``, ``robust-pfl theory report``, and the listings
+``robust-pfl grid GRID.toml``, ``robust-pfl attack-table``, ``robust-pfl theory report``, and the listings
 ``robust-pfl attacks`` / ``robust-pfl defenses``."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from robust_pfl.config import ConfigError, load_config
@@ -17,7 +18,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = validate(load_config(args.config), args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
-    summary = run_experiment(config, out)
+    summary = run_experiment(config, out, resume=args.resume)
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
     for method, metrics in summary["final"].items():
         shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(metrics.items()))
@@ -30,11 +31,20 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.figure == "table1":
         from robust_pfl.recipes import table1
 
-        summary = table1.main(out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition)
+        with _backend(args, None) as backend:
+            summary = table1.main(
+                out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition, backend=backend
+            )
         # the full run checks the paper's orderings; a quick run only smoke-tests the recipe
         return 0 if args.quick or all(check["holds"] for check in summary["orderings"]) else 1
+    if args.figure == "fig6":
+        from robust_pfl.recipes import fig6
+
+        panels = fig6.PANELS if args.panel == "both" else (args.panel,)
+        with _backend(args, None) as backend:
+            return fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend)
     if args.data_dir is not None:
-        print(f"error: --data-dir applies to table1 only ({args.figure} uses synthetic data)", file=sys.stderr)
+        print(f"error: --data-dir applies to table1 and fig6 only ({args.figure} uses synthetic data)", file=sys.stderr)
         return 2
     if args.figure == "fig2":
         from robust_pfl.recipes import fig2 as recipe
@@ -59,11 +69,56 @@ def _theory_report(args: argparse.Namespace) -> int:
     return 1 if summary["contradictions"] else 0
 
 
+def _grid(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from robust_pfl.grid import run_grid
+    from robust_pfl.grid_file import load_grid
+
+    grid = load_grid(args.grid)
+    if args.threads is not None:  # --threads sets each cell's CPUs
+        grid = replace(grid, resources=replace(grid.resources, cpus=float(args.threads)))
+    out = Path(args.out) if args.out else Path("results") / Path(args.grid).stem
+    with _backend(args, grid.resources) as backend:
+        summary = run_grid(grid, out, backend)
+    print(
+        f"{summary['cells']} cells: {summary['ran']} ran, {summary['skipped']} skipped (finished before), "
+        f"{summary['errors']} errored; results in {summary['results']}"
+    )
+    described = {cell.cell: cell.describe() for cell in grid.cells}
+    for cell, error in summary["errored"].items():
+        print(f"  error in cell {cell} ({described[cell]}): {error}")
+    return 1 if summary["errors"] else 0
+
+
+@contextmanager
+def _backend(args: argparse.Namespace, resources):
+    """The backend ``--backend``/``--jobs``/``--address`` ask for, closed on exit."""
+    from robust_pfl.backends import make_backend
+
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+    extra = {} if resources is None else {"resources": resources}
+    backend = make_backend(args.backend, jobs=args.jobs, address=args.address, **extra)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def _add_backend_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=int, default=None, help="grid cells at once (local default 1)")
+    parser.add_argument("--backend", choices=["local", "ray"], default="local",
+                        help="local processes (default) or Ray (pip install 'robust-pfl[ray]')")
+    parser.add_argument("--address", default=None, help="ray: an existing cluster's address (default: a local one)")
+
+
 def _attack_table(args: argparse.Namespace) -> int:
     from robust_pfl.recipes import attack_table
 
     out = Path(args.out) if args.out else Path("results") / "attack_table"
-    attack_table.main(out, quick=args.quick, seeds=args.seeds)
+    with _backend(args, None) as backend:
+        attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend)
     return 0
 
 
@@ -100,6 +155,18 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from robust_pfl.plotting import plot_results
+
+    report = plot_results(args.results, args.out, args.metric)
+    print(f"plotted {report.metric}; wrote:")
+    for path in report.files:
+        print(f"  {path}")
+    for note in report.notes:
+        print(f"  {note}")
+    return 0
+
+
 def plain(text: str) -> str:
     """A docstring as ``--help`` shows it: reST literals (double backquotes) unmarked."""
     return re.sub(r"``(.+?)``", r"\1", text)
@@ -115,12 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run one experiment from a TOML config")
     run.add_argument("config", help="path to the TOML config")
     run.add_argument("--out", help="output directory (default results/<config name>)")
+    run.add_argument(
+        "--resume", action="store_true",
+        help="continue from the checkpoints in OUT/checkpoints (needs checkpoint_every in the config)",
+    )
     run.set_defaults(handler=_run)
     reproduce = commands.add_parser("reproduce", help="reproduce a figure of Werner et al.")
-    reproduce.add_argument("figure", choices=["fig2", "fig3", "fig7", "table1"])
+    reproduce.add_argument("figure", choices=["fig2", "fig3", "fig6", "fig7", "table1"])
     reproduce.add_argument(
         "--data-dir", default=None,
-        help="table1: directory of the MNIST IDX files (default: the embedded digits, no download)",
+        help="table1, fig6: directory of the MNIST IDX files (default: the embedded digits, no download)",
+    )
+    reproduce.add_argument(
+        "--panel", choices=["large_gradient", "bit_flip", "both"], default="both",
+        help="fig6: which attack panel (default both)",
     )
     reproduce.add_argument(
         "--partition", choices=["official", "fixed"], default="official",
@@ -132,11 +207,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--seeds", type=int, default=None,
         help="number of seeds (fig3: default 3, quick 1; fig7: repeats, default 10, quick 3; table1: 1)",
     )
+    _add_backend_options(reproduce)
     reproduce.set_defaults(handler=_reproduce)
-    table = commands.add_parser("attack-table", help="attack x defense table on synthetic data (resumable)")
+    grid = commands.add_parser("grid", help="run every cell of a grid file into a resumable results store")
+    grid.add_argument("grid", help="path to the grid TOML (a run config with [grid] lists)")
+    grid.add_argument("--out", help="output directory (default results/<grid name>)")
+    _add_backend_options(grid)
+    grid.set_defaults(handler=_grid)
+    table = commands.add_parser(
+        "attack-table", help="attack x defense tables: synthetic and digits grid files in configs/ (resumable)"
+    )
     table.add_argument("--out", help="output directory (default results/attack_table)")
-    table.add_argument("--quick", action="store_true", help="100 rounds, 1 seed")
+    table.add_argument("--quick", action="store_true", help="fewer rounds, 1 seed: a smoke run")
     table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
+    table.add_argument(
+        "--table", choices=["synthetic", "digits", "all"], default="all", help="which table (default all)"
+    )
+    _add_backend_options(table)
     table.set_defaults(handler=_attack_table)
     theory = commands.add_parser("theory", help="machine checks of Werner et al.'s statements")
     theory_commands = theory.add_subparsers(dest="theory_command", required=True)
@@ -152,6 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("dataset", choices=["mnist"])
     download.add_argument("dest", help="directory to write the four .gz files into")
     download.set_defaults(handler=_download)
+    plot = commands.add_parser(
+        "plot", help="curves, heatmap and Byzantine-fraction figures (PNG, PDF) of a grid's or run's results"
+    )
+    plot.add_argument("results", help="results.csv or history.csv, or the directory holding it")
+    plot.add_argument("--out", help="output directory (default: RESULTS's directory/plots)")
+    plot.add_argument(
+        "--metric", default=None,
+        help="metric to plot (default: test_accuracy, else accuracy, else param_error, else the first one)",
+    )
+    plot.set_defaults(handler=_plot)
     for name, handler, text in (
         ("attacks", _list_attacks, "list registered attacks with their parameters"),
         ("defenses", _list_defenses, "list registered algorithms and robust aggregators"),

@@ -193,6 +193,9 @@ class ExperimentConfig(_Strict):
     attack: AttackConfig = Field(default_factory=AttackConfig)
     methods: list[MethodConfig] = Field(min_length=1)
     theory: TheoryConfig | None = None
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="rounds between checkpoints of a run's full state (None: no checkpoints)"
+    )
 
     @field_validator("seeds")
     @classmethod

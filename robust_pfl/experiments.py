@@ -8,6 +8,7 @@ import functools
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -16,6 +17,16 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
+from robust_pfl.checkpoint import (
+    checkpoint_name,
+    fingerprint,
+    global_random_state,
+    load_checkpoint,
+    remove_checkpoint,
+    restore_global_random_state,
+    save_checkpoint,
+    shared_objects,
+)
 from robust_pfl.config import (
     ConfigError,
     ExperimentConfig,
@@ -30,7 +41,7 @@ from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
-from robust_pfl.tasks import SyntheticLinearRegression, Task
+from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
 from robust_pfl.types import RoundRecord
 
 if TYPE_CHECKING:
@@ -176,31 +187,99 @@ def run_method(
     seed: int,
     on_round: Callable[[], None] | None = None,
     task: Task | None = None,
+    checkpoint: Path | None = None,
 ) -> ResultTable:
-    """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``."""
-    task = task or build_task(config, seed)
-    federation = build_federation(task, config, seed)
-    algorithm = defenses.build(method.name, federation, method.options())
-    algorithm.snapshot_records = False  # each record is read within its round only
-    evaluation = task.to(federation.device)
-    table = ResultTable()
-    table.add(method.display, seed, 0, honest_means(evaluation, algorithm))
-    tracker = theory_tracker(config, evaluation)
-    if tracker is not None:
-        table.add(method.display, seed, 0, tracker.measure(algorithm.client_models()))
-    redeal = _epoch_redealer(config, task, seed)
-    for round_index in range(config.rounds):
-        if redeal is not None:
-            redeal(federation, round_index)
+    """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``.
+
+    With ``checkpoint`` and ``config.checkpoint_every``: resume from the checkpoint
+    file if it exists (it must come from this config, method and seed, else
+    :class:`~robust_pfl.checkpoint.CheckpointError`), save the run's full state there
+    atomically every ``checkpoint_every`` rounds and after the last, and give the
+    same rows and models as a run without interruption (see :mod:`robust_pfl.checkpoint`).
+    A finished checkpoint returns its rows without stepping."""
+    parts = RunParts.build(config, seed, task)
+    every = config.checkpoint_every if checkpoint is not None else None
+    key = fingerprint(config, method, seed) if every is not None else ""
+    if every is not None and Path(checkpoint).exists():
+        saved = parts.restore(Path(checkpoint), key)
+        restore_global_random_state(saved.random_state)
+        done, algorithm, table = saved.done, saved.algorithm, saved.table
+    else:
+        done, algorithm, table = 0, defenses.build(method.name, parts.federation, method.options()), ResultTable()
+        algorithm.snapshot_records = False  # each record is read within its round only
+        table.add(method.display, seed, 0, honest_means(parts.evaluation, algorithm))
+        if parts.tracker is not None:
+            table.add(method.display, seed, 0, parts.tracker.measure(algorithm.client_models()))
+    federation, tracker = algorithm.federation, parts.tracker
+    for round_index in range(done, config.rounds):
+        if parts.redealer is not None:
+            parts.redealer.before_round(federation, round_index)
         record = algorithm.step(round_index)
         if on_round is not None:
             on_round()
         done = round_index + 1
         if done % config.eval_every == 0 or done == config.rounds:
-            table.add(method.display, seed, done, honest_means(evaluation, algorithm, record))
+            table.add(method.display, seed, done, honest_means(parts.evaluation, algorithm, record))
         if tracker is not None and tracker.due(done, config.rounds):
             table.add(method.display, seed, done, tracker.measure(algorithm.client_models(), record, federation.train))
+        if every is not None and (done % every == 0 or done == config.rounds):
+            state = {"algorithm": algorithm, "rows": table.rows, "random": global_random_state()}
+            save_checkpoint(Path(checkpoint), done, key, state, parts.shared(federation))
     return table
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """What a checkpoint restores: rounds done, the algorithm (with its federation),
+    the rows so far, and the process's global random states at that point."""
+
+    done: int
+    algorithm: defenses.Algorithm
+    table: ResultTable
+    random_state: dict[str, Any]
+
+
+@dataclass
+class RunParts:
+    """What a run of ``config`` for ``seed`` builds before its algorithm: the task, a
+    federation, the task on the run's device, the theory tracker and the epoch
+    re-dealer.  Rebuilt alike by every process, so a checkpoint refers to them by
+    name (:meth:`shared`) instead of storing them."""
+
+    task: Task
+    federation: Federation
+    evaluation: Task
+    tracker: TheoryTracker | None
+    redealer: EpochRedealer | None
+
+    @classmethod
+    def build(cls, config: ExperimentConfig, seed: int, task: Task | None = None) -> RunParts:
+        task = task or build_task(config, seed)
+        federation = build_federation(task, config, seed)
+        evaluation = task.to(federation.device)
+        return cls(task, federation, evaluation, theory_tracker(config, evaluation), EpochRedealer.of(config, task, seed))
+
+    def shared(self, federation: Federation) -> dict[str, Any]:
+        """The objects a checkpoint names, with ``federation``'s current train data."""
+        roots = {"task": self.task, "evaluation": self.evaluation, "train": federation.train, "tracker": self.tracker}
+        return shared_objects(roots)
+
+    def restore(self, checkpoint: Path, key: str) -> SavedRun:
+        """The run saved in ``checkpoint`` (whose fingerprint must be ``key``)."""
+
+        def rebuilt(done: int) -> dict[str, Any]:
+            if self.redealer is not None:
+                self.redealer.catch_up(self.federation, done)
+            return self.shared(self.federation)
+
+        done, state = load_checkpoint(checkpoint, key, rebuilt)
+        return SavedRun(done, state["algorithm"], ResultTable(state["rows"]), state["random"])
+
+
+def load_run(method: MethodConfig, config: ExperimentConfig, seed: int, checkpoint: Path) -> SavedRun:
+    """The run of ``method`` and ``seed`` saved in ``checkpoint`` by :func:`run_method`
+    (e.g. a finished run's final models: ``load_run(...).algorithm.client_models()``)."""
+    return RunParts.build(config, seed).restore(Path(checkpoint), fingerprint(config, method, seed))
 
 
 def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None:
@@ -220,31 +299,52 @@ def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None
     )
 
 
-def _epoch_redealer(
-    config: ExperimentConfig, task: Task, seed: int
-) -> Callable[[Federation, int], None] | None:
-    """With ``task.reshuffle_every_epoch``: a hook that re-deals the train split at the
-    start of every epoch after the first (an epoch = ``ceil(n / batch_size)`` rounds)."""
-    if not (isinstance(config.task, ImageTaskConfig) and config.task.reshuffle_every_epoch):
-        return None
-    builder = config.task.builder()
-    data = _dataset(builder.dataset, builder.data_dir)
-    samples = task.train.samples_per_client
-    per_epoch = math.ceil(samples / min(config.batch_size or samples, samples))
+@dataclass(frozen=True)
+class EpochRedealer:
+    """With ``task.reshuffle_every_epoch``: re-deals the train split at the start of
+    every epoch after the first (an epoch = ``ceil(n / batch_size)`` rounds), as the
+    official code re-deals MNIST."""
 
-    def redeal(federation: Federation, round_index: int) -> None:
-        if round_index > 0 and round_index % per_epoch == 0:
-            federation.redeal(builder.reshuffle(task, round_index // per_epoch, seed, data))
+    builder: ImageTask
+    task: Task
+    seed: int
+    data: LabelledImages
+    per_epoch: int
 
-    return redeal
+    @classmethod
+    def of(cls, config: ExperimentConfig, task: Task, seed: int) -> EpochRedealer | None:
+        """The re-dealer of ``config``'s run for ``seed`` (``None`` when it keeps its deal)."""
+        if not (isinstance(config.task, ImageTaskConfig) and config.task.reshuffle_every_epoch):
+            return None
+        builder = config.task.builder()
+        samples = task.train.samples_per_client
+        per_epoch = math.ceil(samples / min(config.batch_size or samples, samples))
+        return cls(builder, task, seed, _dataset(builder.dataset, builder.data_dir), per_epoch)
+
+    def before_round(self, federation: Federation, round_index: int) -> None:
+        """Re-deal before round ``round_index`` when it starts an epoch."""
+        if round_index > 0 and round_index % self.per_epoch == 0:
+            self.deal(federation, round_index // self.per_epoch)
+
+    def catch_up(self, federation: Federation, done: int) -> None:
+        """Give a freshly built ``federation`` the deal in force after ``done`` rounds."""
+        epoch = (done - 1) // self.per_epoch if done > 0 else 0
+        if epoch > 0:
+            self.deal(federation, epoch)
+
+    def deal(self, federation: Federation, epoch: int) -> None:
+        federation.redeal(self.builder.reshuffle(self.task, epoch, self.seed, self.data))
 
 
-def run_cell_config(payload: dict[str, Any], source: str, timed: bool = False) -> list[dict[str, Any]]:
+def run_cell_config(
+    payload: dict[str, Any], source: str, timed: bool = False, checkpoint: Path | None = None
+) -> list[dict[str, Any]]:
     """Tidy rows ``(round, metric, value)`` of a grid cell's config (one method, one
-    seed), validated first; ``timed`` adds its wall time as metric ``seconds``."""
+    seed), validated first; ``timed`` adds its wall time as metric ``seconds``;
+    ``checkpoint`` goes to :func:`run_method`."""
     config = validate(parse_config(payload, source), source)
     start = time.perf_counter()
-    table = run_method(config.methods[0], config, config.seeds[0])
+    table = run_method(config.methods[0], config, config.seeds[0], checkpoint=checkpoint)
     rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
     if timed:
         rows.append({"round": config.rounds, "metric": "seconds", "value": time.perf_counter() - start})
@@ -260,10 +360,30 @@ def progress_bar(total: int, description: str, enabled: bool | None = None):
     return tqdm(total=total, desc=description, disable=not enabled, leave=False)
 
 
-def run_experiment(config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None) -> dict[str, Any]:
-    """Run every method for every seed; write ``history.csv``/``summary.json``."""
+def run_experiment(
+    config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None, resume: bool = False
+) -> dict[str, Any]:
+    """Run every method for every seed; write ``history.csv``/``summary.json``.
+
+    With ``config.checkpoint_every`` and ``out_dir``, each method and seed keeps its
+    checkpoint in ``out_dir/checkpoints/<label>-seed<seed>.pt`` (the final one holds
+    the final models).  ``resume=True`` continues from them; otherwise they are
+    removed first and the run starts afresh."""
     validate(config)
+    if resume and config.checkpoint_every is None:
+        raise config_error(None, [("checkpoint_every", "resuming needs checkpoints: set checkpoint_every = <rounds>")])
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir, where the checkpoints are")
     torch.use_deterministic_algorithms(True, warn_only=True)
+    checkpoints = None if out_dir is None else Path(out_dir) / "checkpoints"
+
+    def checkpoint_of(method: MethodConfig, seed: int) -> Path | None:
+        return None if checkpoints is None else checkpoints / checkpoint_name(method.display, seed)
+
+    if not resume and checkpoints is not None:
+        for seed in config.seeds:
+            for method in config.methods:
+                remove_checkpoint(checkpoints / checkpoint_name(method.display, seed))
     table = ResultTable()
     total = config.rounds * len(config.methods) * len(config.seeds)
     with progress_bar(total, "robust-pfl run", progress) as bar:
@@ -271,7 +391,8 @@ def run_experiment(config: ExperimentConfig, out_dir: Path | None = None, progre
             task = build_task(config, seed)
             for method in config.methods:
                 bar.set_postfix_str(f"{method.display} seed={seed}")
-                table.extend(run_method(method, config, seed, on_round=lambda: bar.update(1), task=task))
+                checkpoint = checkpoint_of(method, seed)
+                table.extend(run_method(method, config, seed, lambda: bar.update(1), task, checkpoint))
     extra = {"config": config.model_dump(mode="json")}
     if out_dir is not None:
         return write_results(table, Path(out_dir), extra)

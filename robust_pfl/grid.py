@@ -1,133 +1,275 @@
-"""Resumable grids of runs (attack x defense x Byzantine fraction x seed).
+"""Running a grid into its results store, resumably.
 
-A grid is a list of :class:`Cell` s, each one complete run identified by a key.  Every
-finished cell is appended to ``cells.jsonl`` in the output directory as one line
-(written, flushed and fsynced in a single ``write``), so a grid killed midway resumes
-by skipping the keys already on disk: no finished run is lost or run twice.  A line
-that is not a finished cell's record (a half-written last line of a kill mid-write, or
-valid JSON of another shape such as ``{}`` or ``null``) is skipped with a warning that
-names it, and its cell, if it held one, runs again.
+``OUT/results.csv`` is one tidy table that ``pandas.read_csv`` reads in one call:
+``cell``, the grid's axis columns, ``n_clients``, ``n_byzantine``, ``status`` ("ok" or
+"error"), ``error``, ``round``, ``metric``, ``value``, ``final`` (True on each metric's
+rows at its last recorded round).  Each finished cell is appended as one block in a
+single write, flushed and fsynced; the block's last row is the metric
+``cell_seconds`` (the cell's wall time), which marks the cell finished.  A cell that
+raised is one ``cell_seconds`` row with status "error" and its error.
 
-The runner is sequential; the store is the seam where a Ray backend will plug in
-(cells are independent and pure functions of their config and seed).
+So a grid killed at any point resumes by rerunning it: on open, the store drops what a
+kill can leave (a cut last line, a block without its ``cell_seconds`` row) and the
+errored cells that are about to run again, by an atomic rewrite; finished cells are
+skipped.  No finished cell is lost, none is stored twice.
 """
 
 from __future__ import annotations
 
-import hashlib
+import csv
+import fcntl
+import io
 import json
 import os
+import time
 import warnings
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Sequence
 
-from robust_pfl.results import _json_safe
+from robust_pfl.backends import Backend, CellOutcome, CellTask, LocalBackend
+from robust_pfl.config import ConfigError
+from robust_pfl.grid_file import Grid, GridCell
+from robust_pfl.results import _json_safe, atomic_write_text, write_outputs
 
+if TYPE_CHECKING:
+    import pandas
 
-@dataclass(frozen=True)
-class Cell:
-    """One run of a grid: ``key`` names it (e.g. attack, defense, seed); ``payload`` is
-    whatever the run function needs (e.g. a config mapping)."""
-
-    key: tuple[tuple[str, Any], ...]
-    payload: Any = field(compare=False, hash=False)
-
-    @property
-    def key_text(self) -> str:
-        """The key plus a fingerprint of the payload: a rerun whose settings changed
-        (another partition, more rounds ...) does not reuse the old result."""
-        payload = json.dumps(self.payload, sort_keys=True, default=repr)
-        digest = hashlib.sha256(payload.encode()).hexdigest()[:16]
-        return json.dumps({**dict(self.key), "config_sha256": digest}, sort_keys=True)
+STORE = "results.csv"
+GRID_JSON = "grid.json"
+CHECKPOINTS = "checkpoints"
+#: The metric whose row ends a cell's block.
+FINISHED = "cell_seconds"
+TAIL = ["n_clients", "n_byzantine", "status", "error", "round", "metric", "value", "final"]
 
 
-class CellStore:
-    """Append-only JSON-lines record of finished cells."""
+class ResultsStore:
+    """``results.csv`` of a grid whose axis columns are ``axes``.
 
-    def __init__(self, path: Path) -> None:
+    Opening it creates the file (header only), or cleans an existing one: incomplete
+    blocks and the errored blocks of ``rerun`` cells are dropped, lines that are no
+    record are dropped with one warning naming them, and a header lacking some of
+    ``axes`` is widened (old rows get empty values); all by one atomic rewrite.
+    """
+
+    def __init__(self, path: Path, axes: Sequence[str], rerun: Collection[str] = ()) -> None:
         self.path = Path(path)
-
-    def finished(self) -> dict[str, dict[str, Any]]:
-        """``{key_text: record}`` of the finished cells' records on disk.  Other lines
-        (cut by a kill, or JSON that is not such a record) are skipped, and one warning
-        gives their line numbers: a cell they held runs again."""
-        done: dict[str, dict[str, Any]] = {}
+        self.finished: dict[str, str] = {}  # {cell: status} of the cells stored
         if not self.path.exists():
-            return done
-        skipped = []
-        for number, line in enumerate(self.path.read_text().splitlines(), start=1):
-            record = _record(line)
-            if record is None:
-                if line.strip():
-                    skipped.append(number)
-                continue
-            done[record["key_text"]] = record
-        if skipped:
+            self.columns = ["cell", *axes, *TAIL]
+            atomic_write_text(self.path, _csv_line(self.columns))
+            return
+        text = self.path.read_text(encoding="utf-8")
+        header, blocks, foreign = _scan(text, self.path)
+        if foreign:
             warnings.warn(
-                f"{self.path}: skipped line{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}, "
-                "not a finished cell's record (cut by a kill, or not a JSON object with key_text, "
-                "key and rows); a cell such a line held runs again",
+                f"{self.path}: dropped line{'s' if len(foreign) > 1 else ''} {', '.join(map(str, foreign))}, "
+                f"not rows of {len(header)} fields (cut by a kill, or written by something else); "
+                "a cell such a line held runs again",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return done
+        blocks = [b for b in blocks if not (b[-1]["status"] == "error" and b[-1]["cell"] in rerun)]
+        self.finished = {block[-1]["cell"]: block[-1]["status"] for block in blocks}
+        old_axes = header[1 : -len(TAIL)]
+        self.columns = ["cell", *old_axes, *[a for a in axes if a not in old_axes], *TAIL]
+        clean = _table_text(self.columns, blocks)
+        if clean != text:
+            atomic_write_text(self.path, clean)
 
-    def append(self, cell: Cell, rows: list[dict[str, Any]]) -> None:
-        """Record a finished cell with its tidy result rows, durably."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        line = json.dumps(
-            {"key_text": cell.key_text, "key": dict(cell.key), "rows": _json_safe(rows)}, allow_nan=False
-        )
-        with open(self.path, "a") as handle:
-            if handle.tell() > 0 and not self._ends_with_newline():
-                line = "\n" + line  # a previous kill left a partial line: start afresh
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def _ends_with_newline(self) -> bool:
-        with open(self.path, "rb") as handle:
-            handle.seek(-1, os.SEEK_END)
-            return handle.read(1) == b"\n"
-
-
-def run_grid(
-    cells: Iterable[Cell],
-    run: Callable[[Cell], list[dict[str, Any]]],
-    store: CellStore,
-    on_cell: Callable[[Cell, bool], None] | None = None,
-) -> list[dict[str, Any]]:
-    """Run every cell not yet in ``store``; return all rows (old and new), each row
-    extended with its cell's key fields.  ``on_cell(cell, skipped)`` reports progress."""
-    cells = list(cells)
-    texts = [cell.key_text for cell in cells]
-    if len(set(texts)) != len(texts):
-        raise ValueError("grid cells must have distinct keys")
-    done = store.finished()
-    for cell in cells:
-        skipped = cell.key_text in done
-        if not skipped:
-            store.append(cell, run(cell))
-        if on_cell is not None:
-            on_cell(cell, skipped)
-    done = store.finished()
-    return list(_rows(done[text] for text in texts))
+    def append(self, cell: GridCell, outcome: CellOutcome) -> None:
+        """Add ``cell``'s block durably: one write, flush, fsync."""
+        text = "".join(_csv_line([row.get(c, "") for c in self.columns]) for row in block_rows(cell, outcome))
+        data = text.encode("utf-8")
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            while data:
+                data = data[os.write(descriptor, data):]
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+        self.finished[cell.cell] = "ok" if outcome.error is None else "error"
 
 
-def _record(line: str) -> dict[str, Any] | None:
-    """The cell record on ``line``, or ``None`` when the line is not one."""
+def block_rows(cell: GridCell, outcome: CellOutcome) -> list[dict[str, Any]]:
+    """The store rows of a finished cell, its ``cell_seconds`` row last."""
+    common = {"cell": cell.cell, **cell.axes, "n_clients": cell.n_clients, "n_byzantine": cell.n_byzantine}
+    if outcome.error is not None:
+        return [{**common, "status": "error", "error": outcome.error, "round": 0, "metric": FINISHED,
+                 "value": outcome.seconds, "final": True}]
+    last: dict[str, int] = {}
+    for row in outcome.rows:
+        last[row["metric"]] = max(last.get(row["metric"], row["round"]), row["round"])
+    rows = [{**common, "status": "ok", "error": "", **row, "final": row["round"] == last[row["metric"]]}
+            for row in outcome.rows]
+    end = max(last.values(), default=0)
+    rows.append({**common, "status": "ok", "error": "", "round": end, "metric": FINISHED,
+                 "value": outcome.seconds, "final": True})
+    return rows
+
+
+def _csv_line(values: Iterable[Any]) -> str:
+    """One CSV record on one physical line (line breaks inside a value become spaces,
+    so a record is never split across lines and a cut is always a cut last line)."""
+    buffer = io.StringIO()
+    flat = [" ".join(v.split()) if isinstance(v, str) and ("\n" in v or "\r" in v) else v for v in values]
+    csv.writer(buffer, lineterminator="\n").writerow(flat)
+    return buffer.getvalue()
+
+
+def _fields(line: str) -> list[str] | None:
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        return next(csv.reader([line]), None)
+    except csv.Error:
         return None
-    if not isinstance(record, dict):
-        return None
-    shapes = {"key_text": str, "key": dict, "rows": list}
-    return record if all(isinstance(record.get(name), kind) for name, kind in shapes.items()) else None
 
 
-def _rows(records: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    for record in records:
-        for row in record["rows"]:
-            yield {**record["key"], **row}
+def _scan(text: str, path: Path) -> tuple[list[str], list[list[dict[str, str]]], list[int]]:
+    """The header, the complete blocks (the first one of a cell, if a cell has two),
+    and the numbers of the lines that are no row of the store."""
+    lines = text.split("\n")
+    header = _fields(lines[0])
+    if header is None or header[:1] != ["cell"] or header[-len(TAIL):] != TAIL:
+        raise ConfigError(f"{path} is not a grid results store (its header is {lines[0][:200]!r})")
+    blocks: list[list[dict[str, str]]] = []
+    seen: set[str] = set()
+    foreign: list[int] = []
+    block: list[dict[str, str]] = []
+    # the text after the last newline is a line a kill cut, or nothing
+    for number, line in enumerate(lines[1:-1], start=2):
+        fields = _fields(line)
+        if fields is None or len(fields) != len(header):
+            foreign.append(number)
+            continue
+        row = dict(zip(header, fields))
+        if block and block[0]["cell"] != row["cell"]:
+            block = []  # a block a kill cut: its cell runs again
+        block.append(row)
+        if row["metric"] == FINISHED:
+            if row["cell"] not in seen:
+                seen.add(row["cell"])
+                blocks.append(block)
+            block = []
+    if lines[-1]:
+        foreign.append(len(lines))
+    return header, blocks, foreign
+
+
+def _table_text(columns: Sequence[str], blocks: Iterable[list[dict[str, str]]]) -> str:
+    rows = (row for block in blocks for row in block)
+    return _csv_line(columns) + "".join(_csv_line([row.get(c, "") for c in columns]) for row in rows)
+
+
+def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bool | None = None) -> dict[str, Any]:
+    """Run every cell of ``grid`` not finished in ``out``'s store; return the summary
+    (also ``out/summary.json``, written last).
+
+    Finished cells are skipped, errored ones run again; each outcome is appended as it
+    arrives; ``grid.json`` records every cell's axes and config.  Without ``backend``
+    the cells run one by one in this process.  ``progress``: a bar with ETA (default:
+    on a terminal).
+    """
+    from robust_pfl.experiments import progress_bar
+
+    keys = [cell.cell for cell in grid.cells]
+    if len(set(keys)) != len(keys):
+        raise ValueError("grid cells must have distinct keys")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with _exclusive(out):
+        (out / "summary.json").unlink(missing_ok=True)  # the summary marks a finished call
+        store = ResultsStore(out / STORE, grid.columns, rerun=set(keys))
+        _record_cells(out / GRID_JSON, grid.cells)
+        todo = [cell for cell in grid.cells if store.finished.get(cell.cell) != "ok"]
+        by_key = {cell.cell: cell for cell in todo}
+        owned = backend is None
+        backend = LocalBackend() if backend is None else backend
+        errors: dict[str, str] = {}
+        try:
+            with progress_bar(len(todo), f"grid {Path(grid.source).name}", progress) as bar:
+                for outcome in backend.map_unordered([_task(grid, cell, out) for cell in todo]):
+                    cell = by_key[outcome.cell]
+                    store.append(cell, outcome)
+                    if outcome.error is None:
+                        _remove_checkpoint(out, cell)
+                    else:
+                        errors[cell.cell] = outcome.error
+                        bar.set_postfix_str(f"{len(errors)} errored")
+                    bar.update(1)
+        finally:
+            if owned:
+                backend.close()
+        summary = {
+            "source": grid.source,
+            "backend": backend.name,
+            "cells": len(grid.cells),
+            "ran": len(todo),
+            "skipped": len(grid.cells) - len(todo),
+            "errors": len(errors),
+            "errored": errors,
+            "results": str(out / STORE),
+            "seconds": time.perf_counter() - start,
+        }
+        write_outputs(out, summary, {})
+    return summary
+
+
+def _task(grid: Grid, cell: GridCell, out: Path) -> CellTask:
+    checkpoint = None
+    if cell.config.get("checkpoint_every"):
+        (out / CHECKPOINTS).mkdir(exist_ok=True)
+        checkpoint = str(out / CHECKPOINTS / f"{cell.cell}.pt")
+    source = f"{grid.source} cell {cell.cell} ({cell.describe()})"
+    return CellTask(cell.cell, cell.config, source, checkpoint, grid.resources.threads)
+
+
+def _remove_checkpoint(out: Path, cell: GridCell) -> None:
+    (out / CHECKPOINTS / f"{cell.cell}.pt").unlink(missing_ok=True)
+
+
+def _record_cells(path: Path, cells: Sequence[GridCell]) -> None:
+    """Merge the cells' axes and configs into ``grid.json`` (written atomically)."""
+    recorded: dict[str, Any] = {}
+    if path.exists():
+        try:
+            recorded = json.loads(path.read_text(encoding="utf-8")).get("cells", {})
+        except (json.JSONDecodeError, AttributeError):
+            recorded = {}
+    for cell in cells:
+        recorded[cell.cell] = {"axes": cell.axes, "config": cell.config}
+    text = json.dumps(_json_safe({"cells": recorded}), indent=1, sort_keys=True, allow_nan=False)
+    atomic_write_text(path, text + "\n")
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``out`` (the OS releases it if the process is killed)."""
+    with open(out / ".lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{out} is in use by another grid run") from None
+        yield
+
+
+def read_results(path: Path) -> "pandas.DataFrame":
+    """The store at ``path`` (an OUT directory or its ``results.csv``) as a DataFrame:
+    complete blocks only, so a store that a kill left mid-write reads cleanly too."""
+    import pandas
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / STORE
+    if not path.exists():
+        raise FileNotFoundError(f"no grid results store at {path}")
+    header, blocks, _ = _scan(path.read_text(encoding="utf-8"), path)
+    return pandas.read_csv(io.StringIO(_table_text(header, blocks)))
+
+
+def grid_results(out: Path, grid: Grid) -> "pandas.DataFrame":
+    """The finished rows of ``grid``'s cells in ``out``'s store (a store may also hold
+    other grids' cells, and errored ones)."""
+    frame = read_results(out)
+    keys = {cell.cell for cell in grid.cells}
+    return frame[frame["cell"].isin(keys) & (frame["status"] == "ok")]

@@ -132,6 +132,21 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], files: Mapping[str, Co
             temporary.unlink(missing_ok=True)
 
 
+def write_files(out_dir: Path, files: Mapping[str, Content]) -> None:
+    """Write ``files`` (name -> content) into ``out_dir`` without a summary: every file
+    staged before any is moved into place, so a failure while computing one (a figure
+    that cannot be drawn) leaves the previous set untouched."""
+    staged: dict[str, Path] = {}
+    try:
+        for name, content in files.items():
+            staged[name] = _stage(out_dir / name, content)
+        for name in list(staged):
+            os.replace(staged.pop(name), out_dir / name)
+    finally:
+        for temporary in staged.values():
+            temporary.unlink(missing_ok=True)
+
+
 BASE_COLUMNS = ["method", "seed", "round", "metric", "value"]
 
 

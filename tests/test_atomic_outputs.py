@@ -126,49 +126,68 @@ def test_sigkilled_writers_never_leave_new_outputs_next_to_a_stale_summary(tmp_p
 # -- every recipe and `run` write through write_outputs --------------------------------------
 @pytest.fixture
 def replaced(monkeypatch):
-    """The names moved into place by os.replace, in order, with whether a summary.json
-    was present at that moment."""
-    log: list[tuple[str, bool]] = []
+    """The paths moved into place by os.replace, in order, with whether a summary.json
+    was present beside each at that moment."""
+    log: list[tuple[Path, bool]] = []
     real_replace = os.replace
 
     def replace(source, target):
-        log.append((Path(target).name, (Path(target).parent / SUMMARY).exists()))
+        log.append((Path(target), (Path(target).parent / SUMMARY).exists()))
         real_replace(source, target)
 
     monkeypatch.setattr(results.os, "replace", replace)
     return log
 
 
-def assert_written_last_by_replace(out: Path, log: list[tuple[str, bool]], expected: set[str]) -> None:
-    """Every file in ``out`` (but the grid's cell store) was moved into place by one
-    os.replace, summary.json last, and none while an old summary.json was present."""
-    names = [name for name, _ in log]
-    assert {p.name for p in out.iterdir() if p.name != "cells.jsonl"} == expected | {SUMMARY}
+def assert_written_last_by_replace(out: Path, log: list[tuple[Path, bool]], expected: set[str]) -> None:
+    """Every file in ``out`` (but a grid's lock) was moved into place by one os.replace,
+    summary.json last, and none while an old summary.json was present (a grid's store
+    in a folder below has its own summary.json)."""
+    names = [path.name for path, _ in log if path.parent == out]
+    assert {p.name for p in out.iterdir() if p.is_file() and p.name != ".lock"} == expected | {SUMMARY}
     assert sorted(names[:-1]) == sorted(expected) and names[-1] == SUMMARY
-    assert not any(present for _, present in log)
+    assert not any(present for path, present in log if path.parent == out)
+
+
+TINY_TABLE = """rounds = 2
+[task]
+clusters = 1
+clients_per_cluster = 4
+[byzantine]
+total = 1
+[[methods]]
+name = "global"
+aggregator = "median"
+[grid]
+attack = [{ name = "none" }]
+"""
 
 
 def test_attack_table_outputs_are_atomic_and_summary_last(tmp_path, monkeypatch, replaced):
     from robust_pfl.recipes import attack_table
 
-    monkeypatch.setattr(attack_table, "ATTACKS", {"none": attack_table.ATTACKS["none"]})
-    monkeypatch.setattr(attack_table, "DEFENSES", {"median": attack_table.DEFENSES["median"]})
-    monkeypatch.setattr(attack_table, "QUICK", attack_table.Mode(rounds=2, seeds=1))
-    attack_table.main(tmp_path, quick=True)
-    first = list(replaced)
+    (tmp_path / "attack_table.toml").write_text(TINY_TABLE)
+    monkeypatch.setattr(attack_table, "CONFIGS", tmp_path)
+    tiny = attack_table.Table("attack_table.toml", attack_table.Mode(rounds=2, seeds=1), "relative_error")
+    monkeypatch.setattr(attack_table, "TABLES", {"synthetic": tiny})
+    out = tmp_path / "out"
+    attack_table.main(out, quick=True)
+    first = [(path.name, present) for path, present in replaced if path.parent == out]
     replaced.clear()
-    attack_table.main(tmp_path, quick=True)  # a rerun replaces a complete set
-    assert first == replaced
-    assert_written_last_by_replace(tmp_path, replaced, {"attack_table.md", "history.csv"})
+    attack_table.main(out, quick=True)  # a rerun replaces a complete set
+    assert first == [(path.name, present) for path, present in replaced if path.parent == out]
+    assert_written_last_by_replace(out, replaced, {"attack_table.md", "history.csv"})
 
 
 def test_table1_outputs_are_atomic_and_summary_last(tmp_path, monkeypatch, replaced):
+    from robust_pfl import experiments
     from robust_pfl.recipes import table1
 
     monkeypatch.setattr(table1, "DIGITS_QUICK", table1.Mode(epochs=1, seeds=1, clients_per_cluster=2, batch=16))
     monkeypatch.setattr(table1, "methods", lambda kind, clients: {"Local": {"name": "local"}})
     final = [{"round": 1, "metric": metric, "value": 0.5} for metric in ("test_accuracy", "test_loss")]
-    monkeypatch.setattr(table1, "run_cell", lambda cell: final)  # no training: the writes are tested
+    # no training: the writes are tested
+    monkeypatch.setattr(experiments, "run_cell_config", lambda payload, source, **options: final)
     table1.main(tmp_path, quick=True)
     assert_written_last_by_replace(tmp_path, replaced, {"table1.md", "history.csv"})
 

@@ -33,7 +33,7 @@ FAST = settings(max_examples=25, deadline=None)
 
 # Extra configurations exercised by the conformance suite (defaults always are).
 EXAMPLES: dict[str, list[dict[str, Any]]] = {
-    "bit_flip": [{"source": "client", "client": 3}, {"source": "mean", "scale": 2.0}],
+    "bit_flip": [{"source": "client", "client": 3}, {"source": "client_model", "client": 3}, {"source": "mean", "scale": 2.0}],
     "gaussian_noise": [{"around": "own", "std": 1.0}],
     "alie": [{"z": 1.5}],
     "mimic": [{"client": 2}],
@@ -264,6 +264,7 @@ def test_needs_follow_the_configuration():
     assert attacks.BitFlip.needs == {"omniscient"}
     assert attacks.BitFlip().needs == frozenset()
     assert attacks.BitFlip(source="mean").needs == {"omniscient"}
+    assert attacks.BitFlip(source="client_model").needs == {"omniscient"}
     assert attacks.Optimised().needs == {"omniscient", "adaptive"}
     assert attacks.Optimised(base={"name": "label_flip"}).needs == {"omniscient", "adaptive", "data"}
     assert attacks.Optimised().attack == attacks.ALIE()

@@ -1,11 +1,11 @@
 """Edge cases of Threshold-Clustering, the robust aggregators, IFCA and the grid store:
 empty shapes, low-precision dtypes, huge centres, identical rows and foreign lines in
-``cells.jsonl``.  Expected values are worked out by hand in each test."""
+a grid's ``results.csv``.  Expected values are worked out by hand in each test."""
 
 from __future__ import annotations
 
-import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -17,9 +17,10 @@ from defenses.ball_membership import row_copies
 from defenses.ifca import IFCA
 from defenses.robust_aggregators import AGGREGATORS, make_aggregator
 from defenses.threshold_clustering import METHODS, admissible_points, nearest_centre, threshold_clustering
-from robust_pfl import Federation
+from robust_pfl import Federation, experiments
 from robust_pfl.data import ClientData
-from robust_pfl.grid import Cell, CellStore, run_grid
+from robust_pfl.grid import run_grid
+from robust_pfl.grid_file import expand_grid
 from robust_pfl.objectives import linear_regression
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -225,39 +226,49 @@ def test_ifca_keeps_training_with_one_hostile_row_per_model(value):
     assert torch.isfinite(algo.models).all() and not torch.equal(algo.models, optima + 1.0)
 
 
-# -- foreign lines in cells.jsonl ----------------------------------------------------------------
-def _cells():
-    return [Cell((("attack", a),), {"attack": a}) for a in "xyz"]
+# -- foreign lines in a grid's results.csv -------------------------------------------------------
+_ATTACKS = {"x": "none", "y": "large_gradient", "z": "gaussian_noise"}
 
 
-def _run(calls):
-    def run(cell):
-        calls.append(dict(cell.key)["attack"])
-        return [{"metric": "value", "round": 1, "value": float(len(calls))}]
-
-    return run
+def _grid(labels: str):
+    data = {"rounds": 1, "task": {"clusters": 1, "clients_per_cluster": 2}, "methods": [{"name": "global"}],
+            "grid": {"attack": [{"name": _ATTACKS[label], "label": label} for label in labels]}}
+    return expand_grid(data, "edge")
 
 
-def test_lines_that_are_not_cell_records_are_skipped_reported_and_rerun(tmp_path):
-    """Valid JSON that is not a record ({} null [] 5 "text", a record without rows) and a
-    line cut by a kill are skipped alike: one warning names the file and their line
-    numbers, the missing cells run, and every later rerun works."""
-    path = tmp_path / "cells.jsonl"
-    store = CellStore(path)
-    run_grid(_cells()[:1], _run([]), store)
+def _one_row_runs(monkeypatch, calls):
+    def run(payload, source, **kwargs):
+        calls.append(source.split("attack=")[1].rstrip(")"))
+        return [{"round": 1, "metric": "value", "value": float(len(calls))}]
+
+    monkeypatch.setattr(experiments, "run_cell_config", run)
+
+
+def test_lines_that_are_not_store_rows_are_dropped_reported_and_their_cells_rerun(tmp_path, monkeypatch):
+    """Lines of another shape ({} null 5 "text" a,b: not the 12 fields cell, method,
+    seed, attack and the 8 fixed columns) and a last line cut by a kill are dropped
+    alike: one warning names the file and their line numbers (the header is line 1,
+    the first cell's block lines 2-3), the missing cells run, and the store is
+    clean afterwards: a later rerun warns of nothing and runs nothing."""
+    path = tmp_path / "results.csv"
+    calls: list[str] = []
+    _one_row_runs(monkeypatch, calls)
+    run_grid(_grid("x"), tmp_path)
     with open(path, "a") as handle:
-        handle.write('{}\nnull\n[]\n5\n"text"\n{"key_text": "k", "key": {}}\n{"key_text": "cut\n')
-    for rerun in range(2):
-        calls: list[str] = []
-        with pytest.warns(RuntimeWarning) as caught:
-            rows = run_grid(_cells(), _run(calls), store)
-        assert calls == (["y", "z"] if rerun == 0 else [])
-        assert sorted(row["attack"] for row in rows) == ["x", "y", "z"]
-        assert str(caught[0].message) == (
-            f"{path}: skipped lines 2, 3, 4, 5, 6, 7, 8, not a finished cell's record (cut by a kill, "
-            "or not a JSON object with key_text, key and rows); a cell such a line held runs again"
-        )
-    assert [json.loads(line)["key"] for line in path.read_text().splitlines()[8:]] == [{"attack": "y"}, {"attack": "z"}]
+        handle.write('{}\nnull\n5\n"text"\na,b\ncut mid-wa')
+    with pytest.warns(RuntimeWarning) as caught:
+        run_grid(_grid("xyz"), tmp_path)
+    assert calls == ["x", "y", "z"]
+    assert str(caught[0].message) == (
+        f"{path}: dropped lines 4, 5, 6, 7, 8, 9, not rows of 12 fields (cut by a kill, or written by something "
+        "else); a cell such a line held runs again"
+    )
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1 + 3 * 2 and [line.split(",")[3] for line in lines[1:]] == ["x", "x", "y", "y", "z", "z"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run_grid(_grid("xyz"), tmp_path)
+    assert calls == ["x", "y", "z"] and path.read_text().splitlines() == lines
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -3,6 +3,7 @@ clients are split into random subgroups each round and cluster within their grou
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from defenses import build
@@ -22,15 +23,17 @@ def _federation() -> tuple[Federation, SyntheticLinearRegression]:
     return fed, built
 
 
-def test_each_client_averages_exactly_its_subgroup():
+@pytest.mark.parametrize(("split", "sizes"), [("balanced", [3, 3, 4]), ("chunks", [2, 4, 4])])
+def test_each_client_averages_exactly_its_subgroup(split, sizes):
     """With one clustering round and a radius containing every point, eq. 24 gives
     v = v0 + (1/n_g) sum_j (z_j - v0) = the mean of the subgroup's gradients.  All
     clients start at the same model, so the gradients g_j(x_i) = g_j(x_0) do not depend
     on i, and clients of one subgroup get the same update (to rounding): the distinct updates must
-    partition the 10 clients into 3 groups of sizes 4/3/3, each update the mean of its
-    members' gradients."""
+    partition the 10 clients into 3 groups of sizes 4/3/3 (balanced) or 4/4/2 (chunks
+    of ceil(10 / 3) = 4, the official code's), each update the mean of its members'
+    gradients."""
     fed, _ = _federation()
-    fc = build("fc", fed, {"lr": 1.0, "radius": 1e12, "clustering_rounds": 1, "groups": 3})
+    fc = build("fc", fed, {"lr": 1.0, "radius": 1e12, "clustering_rounds": 1, "groups": 3, "subgroup_split": split})
     start = fc.models.clone()
     record = fc.step(0)
     gradients = fed.gradients(start, fed.sample_batch())  # full batch: same data
@@ -43,7 +46,7 @@ def test_each_client_averages_exactly_its_subgroup():
                 break
         else:
             groups.append([i])
-    assert sorted(len(g) for g in groups) == [3, 3, 4]
+    assert sorted(len(g) for g in groups) == sizes
     for group in groups:
         expected = gradients[group].mean(0)
         torch.testing.assert_close(updates[group[0]], expected, rtol=1e-12, atol=1e-9)

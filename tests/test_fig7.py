@@ -167,6 +167,6 @@ def test_cli_reproduce_fig2_calls_the_recipe_and_passes_its_status(tmp_path, mon
 
 
 @pytest.mark.parametrize("figure", ["fig2", "fig7"])
-def test_data_dir_is_for_table1_only(tmp_path, capsys, figure):
+def test_data_dir_is_for_the_data_recipes_only(tmp_path, capsys, figure):
     assert cli.main(["reproduce", figure, "--data-dir", str(tmp_path)]) == 2
-    assert "table1 only" in capsys.readouterr().err
+    assert "table1 and fig6 only" in capsys.readouterr().err

@@ -1,69 +1,340 @@
-"""Resumable grids: a grid killed midway resumes without losing or duplicating finished
-runs (the project's "nothing is lost" standard)."""
+"""The grid results store and runner: one tidy CSV that pandas reads in one call, each
+finished cell appended once, errors recorded while the other cells go on, reruns
+that skip finished cells and never store a cell twice, and backends that agree."""
 
 from __future__ import annotations
 
-import json
+import fcntl
+import importlib.util
+import math
+from pathlib import Path
 
+import pandas as pd
 import pytest
+import torch
 
-from robust_pfl.grid import Cell, CellStore, run_grid
+from robust_pfl import experiments
+from robust_pfl.backends import CellOutcome, CellTask, LocalBackend, execute_cell, make_backend
+from robust_pfl.cli import main
+from robust_pfl.config import ConfigError
+from robust_pfl.grid import read_results, run_grid
+from robust_pfl.grid_file import expand_grid
 
+pytestmark = pytest.mark.usefixtures("single_thread")
 
-def make_cells(rounds: int = 10) -> list[Cell]:
-    return [Cell((("attack", a), ("seed", s)), {"rounds": rounds, "attack": a}) for a in "xyz" for s in (0, 1)]
-
-
-class Killed(Exception):
-    pass
-
-
-def runner(calls: list[str], die_at: int | None = None):
-    def run(cell: Cell) -> list[dict]:
-        if die_at is not None and len(calls) == die_at:
-            raise Killed
-        calls.append(cell.key_text)
-        return [{"metric": "value", "round": 1, "value": float(len(calls))}]
-
-    return run
+COLUMNS = ["cell", "method", "seed", "attack", "byzantine.total", "n_clients", "n_byzantine", "status", "error",
+           "round", "metric", "value", "final"]
+ROUNDS = (0, 1, 2)
 
 
-def test_killed_grid_resumes_without_losing_or_duplicating(tmp_path):
-    store = CellStore(tmp_path / "cells.jsonl")
-    first: list[str] = []
-    with pytest.raises(Killed):
-        run_grid(make_cells(), runner(first, die_at=4), store)
-    assert len(first) == 4
-    second: list[str] = []
-    rows = run_grid(make_cells(), runner(second), store)
-    assert len(second) == 2 and not set(first) & set(second)  # only the unfinished cells ran
-    assert len(rows) == 6 and len({(r["attack"], r["seed"]) for r in rows}) == 6
-    assert sorted(r["value"] for r in rows if r["attack"] == "x") == [1.0, 2.0]  # earlier results kept
+def grid_data(**changes) -> dict:
+    data = {
+        "seeds": [0, 1],
+        "rounds": 2,
+        "eval_every": 1,
+        "task": {"clusters": 2, "clients_per_cluster": 3},
+        "methods": [
+            {"name": "global", "lr": 0.01},
+            {"name": "global", "aggregator": "median", "label": "median", "lr": 0.01},
+        ],
+        "grid": {"attack": [{"name": "none"}, {"name": "large_gradient"}], "byzantine": {"total": [0, 2]}},
+    }
+    data.update(changes)
+    return data
 
 
-def test_a_line_cut_by_a_kill_is_ignored_and_its_cell_rerun(tmp_path):
-    path = tmp_path / "cells.jsonl"
-    store = CellStore(path)
-    run_grid(make_cells()[:2], runner([]), store)
-    with open(path, "a") as handle:
-        handle.write('{"key_text": "trunc')  # a half-written record
-    calls: list[str] = []
-    rows = run_grid(make_cells(), runner(calls), store)
-    assert len(calls) == 4 and len(rows) == 6
-    lines = path.read_text().splitlines()
-    assert sum(1 for line in lines if line.startswith('{"key_text": "trunc')) == 1
-    assert all(json.loads(line) for line in lines if not line.startswith('{"key_text": "trunc'))
+def fake_runs(monkeypatch, calls: list, fail: str | None = None) -> None:
+    """Replace the training run by rows known in advance: metrics ``a`` and ``b`` at
+    rounds 0-2 (value 10 * seed + round, + 0.5 for b) and ``c`` at round 0 only; a
+    cell whose attack is ``fail`` raises."""
+
+    def run(payload, source, **kwargs):
+        calls.append(source)
+        if payload["attack"]["name"] == fail:
+            raise RuntimeError("boom\nsecond line")
+        seed = payload["seeds"][0]
+        rows = [{"round": r, "metric": m, "value": 10.0 * seed + r + (0.5 if m == "b" else 0.0)}
+                for r in ROUNDS for m in ("a", "b")]
+        return rows + [{"round": 0, "metric": "c", "value": 1.0}]
+
+    monkeypatch.setattr(experiments, "run_cell_config", run)
 
 
-def test_changed_settings_do_not_reuse_old_results(tmp_path):
-    store = CellStore(tmp_path / "cells.jsonl")
-    run_grid(make_cells(rounds=10), runner([]), store)
-    calls: list[str] = []
-    run_grid(make_cells(rounds=20), runner(calls), store)
-    assert len(calls) == 6
+def test_store_is_one_tidy_csv_with_every_axis_as_a_column(tmp_path, monkeypatch):
+    fake_runs(monkeypatch, [])
+    grid = expand_grid(grid_data(), "g")
+    summary = run_grid(grid, tmp_path)
+    frame = pd.read_csv(tmp_path / "results.csv")
+    assert list(frame.columns) == COLUMNS
+    assert len(frame) == len(grid.cells) * (2 * len(ROUNDS) + 1 + 1)
+    assert summary["ran"] == summary["cells"] == len(grid.cells) == 16 and summary["errors"] == 0
+    for cell in grid.cells:
+        rows = frame[frame["cell"] == cell.cell]
+        for column, value in cell.axes.items():
+            assert (rows[column] == value).all()
+        assert (rows["n_clients"] == 6 + cell.axes["byzantine.total"]).all()
+        assert (rows["n_byzantine"] == cell.axes["byzantine.total"]).all()
+        a = rows[rows["metric"] == "a"]
+        assert a["value"].tolist() == [10.0 * cell.axes["seed"] + r for r in ROUNDS]
+    assert (frame["status"] == "ok").all() and frame["error"].isna().all()
 
 
-def test_duplicate_keys_are_refused(tmp_path):
-    cell = make_cells()[0]
+def test_final_marks_each_metrics_last_round_and_cell_seconds_ends_each_block(tmp_path, monkeypatch):
+    fake_runs(monkeypatch, [])
+    run_grid(expand_grid(grid_data(), "g"), tmp_path)
+    frame = pd.read_csv(tmp_path / "results.csv")
+    metric, last_round = frame["metric"], frame["round"]
+    expected = ((metric.isin(["a", "b"]) & (last_round == 2)) | ((metric == "c") & (last_round == 0))
+                | (metric == "cell_seconds"))
+    assert frame["final"].dtype == bool and (frame["final"] == expected).all()
+    for _, block in frame.groupby("cell", sort=False):
+        assert block["metric"].tolist()[-1] == "cell_seconds" and (block["metric"] == "cell_seconds").sum() == 1
+        assert block.index.tolist() == list(range(block.index[0], block.index[0] + len(block)))  # one contiguous block
+        assert block["value"].iloc[-1] >= 0
+
+
+def write_grid_file(path: Path, extra: str = "") -> Path:
+    path.write_text(
+        'seeds = [0, 1]\nrounds = 2\n[task]\nclusters = 2\nclients_per_cluster = 3\n[[methods]]\nname = "global"\n'
+        '[grid]\nattack = [{ name = "none" }, { name = "large_gradient" }, { name = "alie" }]\n' + extra
+    )
+    return path
+
+
+def test_an_errored_cell_is_recorded_the_others_go_on_and_it_reruns_once(tmp_path, monkeypatch, capsys):
+    path, out = write_grid_file(tmp_path / "g.toml"), tmp_path / "out"
+    calls: list = []
+    fake_runs(monkeypatch, calls, fail="large_gradient")
+    assert main(["grid", str(path), "--out", str(out)]) == 1  # a cell errored
+    assert "6 cells: 6 ran, 0 skipped (finished before), 2 errored" in capsys.readouterr().out
+    frame = pd.read_csv(out / "results.csv")
+    errors = frame[frame["status"] == "error"]
+    assert sorted(errors["seed"]) == [0, 1] and (errors["attack"] == "large_gradient").all()
+    assert (errors["error"] == "RuntimeError: boom second line").all() and (errors["metric"] == "cell_seconds").all()
+    assert frame[frame["status"] == "ok"]["cell"].nunique() == 4
+    calls.clear()
+    fake_runs(monkeypatch, calls)
+    assert main(["grid", str(path), "--out", str(out)]) == 0
+    assert len(calls) == 2 and all("attack=large_gradient" in source for source in calls)
+    frame = pd.read_csv(out / "results.csv")
+    assert (frame["status"] == "ok").all()
+    assert frame.groupby("cell")["metric"].apply(lambda m: (m == "cell_seconds").sum()).eq(1).all()
+    assert frame["cell"].nunique() == 6
+
+
+def test_a_rerun_skips_finished_cells(tmp_path, monkeypatch):
+    calls: list = []
+    fake_runs(monkeypatch, calls)
+    grid = expand_grid(grid_data(), "g")
+    run_grid(grid, tmp_path)
+    before = (tmp_path / "results.csv").read_bytes()
+    calls.clear()
+    summary = run_grid(grid, tmp_path)
+    assert calls == [] and (summary["ran"], summary["skipped"]) == (0, 16)
+    assert (tmp_path / "results.csv").read_bytes() == before
+
+
+def test_changed_settings_give_new_keys_and_do_not_reuse_old_results(tmp_path, monkeypatch):
+    calls: list = []
+    fake_runs(monkeypatch, calls)
+    run_grid(expand_grid(grid_data(), "g"), tmp_path)
+    calls.clear()
+    changed = expand_grid(grid_data(rounds=3), "g")
+    assert run_grid(changed, tmp_path)["ran"] == 16 and len(calls) == 16
+    frame = read_results(tmp_path)
+    assert frame["cell"].nunique() == 32  # the old cells are kept beside the new ones
+
+
+def test_a_header_lacking_the_grids_columns_is_widened(tmp_path, monkeypatch):
+    fake_runs(monkeypatch, [])
+    run_grid(expand_grid(grid_data(), "g"), tmp_path)
+    wider = grid_data(grid={"attack": [{"name": "none"}], "task": {"dim": [3, 4]}})
+    run_grid(expand_grid(wider, "g"), tmp_path)
+    frame = pd.read_csv(tmp_path / "results.csv")
+    assert list(frame.columns) == [*COLUMNS[:5], "task.dim", *COLUMNS[5:]]
+    old, new = frame[frame["task.dim"].isna()], frame[frame["task.dim"].notna()]
+    assert old["cell"].nunique() == 16 and new["cell"].nunique() == 8
+    assert new["byzantine.total"].isna().all() and set(new["task.dim"]) == {3, 4}
+
+
+def test_a_block_cut_by_a_kill_is_dropped_and_its_cell_runs_once_more(tmp_path, monkeypatch):
+    calls: list = []
+    fake_runs(monkeypatch, calls)
+    grid = expand_grid(grid_data(), "g")
+    run_grid(grid, tmp_path)
+    store = tmp_path / "results.csv"
+    lines = store.read_text().splitlines(keepends=True)
+    last_block = [line for line in lines if line.startswith(grid.cells[-1].cell)]
+    store.write_text("".join(lines[: -1]))  # the last cell's block without its cell_seconds row
+    assert grid.cells[-1].cell not in set(read_results(tmp_path)["cell"])  # readers see complete blocks only
+    store.write_text("".join(lines[: -3]) + lines[-3][:10])  # and a line cut mid-way
+    calls.clear()
+    with pytest.warns(RuntimeWarning, match=rf"results.csv: dropped line {len(lines) - 2}, not rows of 13 fields"):
+        run_grid(grid, tmp_path)
+    assert len(calls) == 1
+    frame = pd.read_csv(store)
+    assert (frame["metric"] == "cell_seconds").sum() == 16
+    assert len(frame[frame["cell"] == grid.cells[-1].cell]) == len(last_block)
+
+
+def test_duplicate_cells_are_refused(tmp_path):
+    grid = expand_grid(grid_data(), "g")
+    twice = type(grid)(grid.source, grid.columns, grid.cells + grid.cells[:1], grid.resources)
     with pytest.raises(ValueError, match="distinct"):
-        run_grid([cell, cell], runner([]), CellStore(tmp_path / "c.jsonl"))
+        run_grid(twice, tmp_path)
+
+
+def test_local_backend_with_two_processes_gives_the_same_results(tmp_path):
+    grid = expand_grid(grid_data(rounds=5, grid={"attack": [{"name": "none"}, {"name": "alie"}]}), "g")
+    run_grid(grid, tmp_path / "one")
+    backend = LocalBackend(jobs=2)
+    try:
+        run_grid(grid, tmp_path / "two", backend)
+    finally:
+        backend.close()
+    one, two = (comparable(read_results(tmp_path / name)) for name in ("one", "two"))
+    assert set(one["cell"]) == {cell.cell for cell in grid.cells} and one.equals(two)
+
+
+def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted by cell, metric and round; wall times blanked."""
+    frame = frame.assign(value=frame["value"].where(frame["metric"] != "cell_seconds"))
+    return frame.sort_values(["cell", "metric", "round"]).reset_index(drop=True)
+
+
+def test_a_long_cell_gets_a_checkpoint_file_removed_once_it_is_stored(tmp_path):
+    class Recording:
+        name = "recording"
+        tasks: list[CellTask] = []
+
+        def map_unordered(self, tasks):
+            for task in tasks:
+                self.tasks.append(task)
+                Path(task.checkpoint).write_text("state")
+                yield CellOutcome(task.cell, [{"round": 2, "metric": "a", "value": 1.0}], None, 0.1)
+
+        def close(self):
+            pass
+
+    grid = expand_grid(grid_data(checkpoint_every=1), "g")
+    backend = Recording()
+    run_grid(grid, tmp_path, backend)
+    assert [t.checkpoint for t in backend.tasks] == [str(tmp_path / "checkpoints" / f"{c.cell}.pt") for c in grid.cells]
+    assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+def test_checkpointed_cells_store_the_same_rows_and_leave_no_checkpoint(tmp_path):
+    plain = expand_grid(grid_data(rounds=4, grid={"attack": [{"name": "alie"}]}), "g")
+    checkpointed = expand_grid(grid_data(rounds=4, checkpoint_every=2, grid={"attack": [{"name": "alie"}]}), "g")
+    run_grid(plain, tmp_path / "plain")
+    run_grid(checkpointed, tmp_path / "checkpointed")
+    assert list((tmp_path / "checkpointed" / "checkpoints").iterdir()) == []
+    keys = {c.cell: p.cell for c, p in zip(checkpointed.cells, plain.cells)}  # same cells, other keys
+    with_checkpoints = comparable(read_results(tmp_path / "checkpointed")).assign(
+        cell=lambda frame: frame["cell"].map(keys)
+    )
+    pd.testing.assert_frame_equal(comparable(with_checkpoints), comparable(read_results(tmp_path / "plain")))
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path):
+    with open(tmp_path / ".lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="in use by another grid run"):
+            run_grid(expand_grid(grid_data(), "g"), tmp_path)
+
+
+def test_execute_cell_records_an_exception_and_restores_torch_settings(monkeypatch):
+    def fail(payload, source, **kwargs):
+        assert torch.get_num_threads() == 2
+        raise ValueError("bad")
+
+    monkeypatch.setattr(experiments, "run_cell_config", fail)
+    threads = torch.get_num_threads()
+    outcome = execute_cell(CellTask("k", {}, "s", None, threads=2))
+    assert (outcome.cell, outcome.rows, outcome.error) == ("k", [], "ValueError: bad")
+    assert torch.get_num_threads() == threads and math.isfinite(outcome.seconds)
+
+
+def test_make_backend_names_what_is_wrong(monkeypatch):
+    with pytest.raises(ConfigError, match=r"unknown backend 'slurm'; allowed: \['local', 'ray'\]"):
+        make_backend("slurm")
+    with pytest.raises(ConfigError, match="--address applies to the ray backend only"):
+        make_backend("local", address="10.0.0.1:6379")
+    assert make_backend("local", jobs=None).jobs == 1
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name, *args):  # as if Ray were not installed
+        return None if name == "ray" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(ConfigError, match=r"backend 'ray' needs Ray: pip install 'robust-pfl\[ray\]'"):
+        make_backend("ray")
+
+
+# -- the attack-table shortcut runs grid files -----------------------------------------------
+TINY_TABLE = """seeds = [0]
+rounds = 300
+eval_every = 300
+dtype = "float64"
+[task]
+clusters = 1
+clients_per_cluster = 6
+[byzantine]
+total = 2
+[[methods]]
+label = "mean"
+name = "global"
+lr = 0.01
+heavy_ball = 0.9
+[[methods]]
+label = "median"
+name = "global"
+aggregator = "median"
+lr = 0.01
+heavy_ball = 0.9
+[grid]
+attack = [{ name = "none" }, { name = "large_gradient" }]
+"""
+
+
+def test_attack_table_runs_its_grid_file_and_a_rerun_runs_nothing(tmp_path, monkeypatch):
+    from robust_pfl.recipes import attack_table
+
+    (tmp_path / "attack_table.toml").write_text(TINY_TABLE)
+    monkeypatch.setattr(attack_table, "CONFIGS", tmp_path)
+    tiny = attack_table.Table("attack_table.toml", attack_table.Mode(100, 1), "relative_error")
+    monkeypatch.setattr(attack_table, "TABLES", {"synthetic": tiny})
+    out = tmp_path / "out"
+    summary = attack_table.main(out, quick=True)
+    table = summary["tables"]["synthetic"]
+    assert table["rounds"] == 100 and len(table["values"]) == 4
+    # an undefended mean under N(1e6, 200^2) gradients diverges; the median ignores 2 of 8
+    assert table["breaks"] == ["large_gradient | mean"]
+    assert table["values"]["large_gradient | mean"] > 1e6 * table["values"]["large_gradient | median"]
+    text = (out / "attack_table.md").read_text()
+    assert text.startswith("Quick mode") and "| large_gradient | " in text
+    assert set(pd.read_csv(out / "history.csv")["attack"]) == {"none", "large_gradient"}
+    calls: list = []
+    real = experiments.run_cell_config
+    monkeypatch.setattr(experiments, "run_cell_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert attack_table.main(out, quick=True)["tables"]["synthetic"]["values"] == table["values"] and calls == []
+
+
+def test_attack_table_quick_mode_overrides_rounds_and_seeds_of_the_shipped_files():
+    from robust_pfl.recipes import attack_table
+
+    for name, spec in attack_table.TABLES.items():
+        grid, _ = attack_table.load(name, quick=True)
+        assert {c.config["rounds"] for c in grid.cells} == {spec.quick.rounds}
+        assert {c.axes["seed"] for c in grid.cells} == set(range(spec.quick.seeds))
+    grid, full = attack_table.load("digits", seeds=2)
+    assert {c.axes["seed"] for c in grid.cells} == {0, 1} and full == attack_table.Mode(150, 3)
+
+
+def test_attack_table_verdicts():
+    from robust_pfl.recipes.attack_table import breaks
+
+    errors = {("none", "A"): 1e-3, ("x", "A"): 0.02, ("x", "B"): math.nan, ("y", "B"): 1e-2}
+    assert breaks(errors, "relative_error") == {("x", "A"), ("x", "B")}  # above 1e-2, or not finite
+    accuracy = {("none", "A"): 90.0, ("x", "A"): 79.9, ("y", "A"): 80.0, ("x", "B"): math.nan, ("none", "B"): 50.0}
+    assert breaks(accuracy, "accuracy") == {("x", "A"), ("x", "B")}  # > 10 points below its own no-attack value

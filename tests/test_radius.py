@@ -1,7 +1,8 @@
 """Tests for the radius policies of Threshold-Clustering (Werner et al., Alg. 3 step 3):
 fixed, theory (tau ~ sqrt(delta sigma Delta), Thm 3.1), quantile
 (q-quantile of the distances, linear interpolation) and "cd" (1-D 3-means on the
-distances, tau = mean of the 2nd and 3rd centres)."""
+distances, tau = mean of the 2nd and 3rd centres).  The official code's variants
+(``rule = "official"``, ``fit = "kmeans++"``) are checked in test_official_rules.py."""
 
 from __future__ import annotations
 
@@ -115,22 +116,24 @@ def test_quantile_batched_per_centre():
     assert QuantileRadius(0.25)(distances, 0).tolist() == [[1.5, 2.0]]
 
 
-def test_cd_policy_three_obvious_groups():
-    """"cd" policy (the official code's rule, docs/official_code.md): 1-D k-means with 3 centres on the distances; tau is
+@pytest.mark.parametrize("fit", ["lloyd", "kmeans++"])
+def test_cd_policy_three_obvious_groups(fit):
+    """"cd" policy: 1-D k-means with 3 centres on the distances (either fit); tau is
     the mean of the 2nd and 3rd centres.  Three well separated groups with means
     0.1, 5.0 and 10.0 (hand computed) give tau = (5.0 + 10.0) / 2 = 7.5.  Infinite
     (inadmissible) distances are ignored."""
     groups = [[0.0, 0.1, 0.2], [4.9, 5.0, 5.1], [9.8, 10.0, 10.2]]
     flat = [x for group in groups for x in group]
     distances = torch.tensor(flat, dtype=F64)[torch.randperm(9, generator=torch.Generator().manual_seed(0))]
-    tau = CenterDistanceRadius()(distances.view(1, 1, -1), 0)
+    tau = CenterDistanceRadius(fit=fit)(distances.view(1, 1, -1), 0)
     assert tau.shape == (1, 1)
     assert tau.item() == pytest.approx(7.5, abs=1e-12)
     with_inf = torch.cat([distances, torch.full((2,), math.inf, dtype=F64)]).view(1, 1, -1)
-    assert CenterDistanceRadius()(with_inf, 0).item() == pytest.approx(7.5, abs=1e-12)
+    assert CenterDistanceRadius(fit=fit)(with_inf, 0).item() == pytest.approx(7.5, abs=1e-12)
 
 
-def test_cd_policy_unequal_groups_batched():
+@pytest.mark.parametrize("fit", ["lloyd", "kmeans++"])
+def test_cd_policy_unequal_groups_batched(fit):
     """"cd" policy on unequal groups and per row of a batch.  Row 1: groups {1, 2},
     {20, 21, 22, 23}, {100} -> means 1.5, 21.5, 100 -> tau = 60.75.  Row 2: groups
     {0, 0, 0, 0, 1}, {50, 52}, {80, 82, 84} -> means 0.2, 51, 82 -> tau = 66.5."""
@@ -141,7 +144,7 @@ def test_cd_policy_unequal_groups_batched():
         ],
         dtype=F64,
     ).view(1, 2, -1)
-    tau = CenterDistanceRadius()(rows, 0)
+    tau = CenterDistanceRadius(fit=fit)(rows, 0)
     assert tau.shape == (1, 2)
     torch.testing.assert_close(tau, torch.tensor([[60.75, 66.5]], dtype=F64), rtol=0, atol=1e-12)
 
@@ -229,7 +232,7 @@ def _interval_problem(seed: int, b: int, k: int, n: int, infinite: int, exact_sh
     n=st.integers(1, 40),
     infinite=st.integers(0, 5),
     exact_share=st.floats(0.0, 1.0),
-    name=st.sampled_from(["fixed", "theory", "quantile", "quantile_strict_factor", "cd"]),
+    name=st.sampled_from(["fixed", "theory", "quantile", "quantile_strict_factor", "quantile_official", "cd", "cd_kmeans"]),
     q=st.floats(0.0, 1.0),
 )
 def test_undecided_points_are_all_that_tau_and_memberships_need(seed, b, k, n, infinite, exact_share, name, q):
@@ -243,7 +246,9 @@ def test_undecided_points_are_all_that_tau_and_memberships_need(seed, b, k, n, i
         "theory": TheoryRadius(delta=0.5, sigma=2.0, separation=9.0),
         "quantile": QuantileRadius(q),
         "quantile_strict_factor": QuantileRadius(q, factor=0.6, strict=True),
+        "quantile_official": QuantileRadius(q, rule="official"),
         "cd": CenterDistanceRadius(iterations=5),
+        "cd_kmeans": CenterDistanceRadius(fit="kmeans++"),
     }[name]
     true, lower, upper = _interval_problem(seed, b, k, n, min(infinite, n - 1), exact_share)
     need = policy.undecided(lower, upper)

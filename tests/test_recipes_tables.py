@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 from robust_pfl.recipes import attack_table, table1
 
 
@@ -23,27 +25,57 @@ def test_table1_tiny_on_embedded_digits(tmp_path, monkeypatch):
             summary["results"][f"{check['task']} | {worse}"]["test_accuracy"]
         )
         assert check["holds"] == (gap > 0)
-    lines = (tmp_path / "cells.jsonl").read_text().splitlines()
-    assert len(lines) == len(table1.KINDS) * len(table1.PAPER)
+    store = tmp_path / "grid" / "results.csv"
+    assert pd.read_csv(store)["cell"].nunique() == len(table1.KINDS) * len(table1.PAPER)
+    before = store.read_bytes()
     table1.main(tmp_path, quick=True)  # resumed: nothing runs again
-    assert (tmp_path / "cells.jsonl").read_text().splitlines() == lines
+    assert store.read_bytes() == before
+
+
+TINY_TABLE = """seeds = [0]
+rounds = 300
+eval_every = 300
+dtype = "float64"
+[task]
+clusters = 1
+clients_per_cluster = 20
+[byzantine]
+total = 5
+[[methods]]
+label = "mean"
+name = "global"
+lr = 0.01
+heavy_ball = 0.9
+[[methods]]
+label = "median"
+name = "global"
+aggregator = "median"
+lr = 0.01
+heavy_ball = 0.9
+[[methods]]
+label = "FC"
+name = "fc"
+radius = { policy = "quantile", q = 0.5 }
+lr = 0.01
+heavy_ball = 0.9
+[grid]
+attack = [{ name = "none" }, { name = "large_gradient" }, { name = "constant", value = nan, label = "constant(nan)" }]
+"""
 
 
 def test_attack_table_tiny(tmp_path, monkeypatch):
-    monkeypatch.setattr(attack_table, "QUICK", attack_table.Mode(rounds=30, seeds=1))
-    monkeypatch.setattr(
-        attack_table, "ATTACKS", {k: attack_table.ATTACKS[k] for k in ("none", "large_gradient", "nan")}
-    )
-    monkeypatch.setattr(
-        attack_table, "DEFENSES", {k: attack_table.DEFENSES[k] for k in ("mean", "median", "FC")}
-    )
-    summary = attack_table.main(tmp_path, quick=True)
-    assert len(summary["relative_error"]) == 9
-    error = summary["relative_error"]
-    assert "large_gradient | mean" in summary["breaks"]  # an undefended mean under 1e6 gradients
+    (tmp_path / "attack_table.toml").write_text(TINY_TABLE)
+    monkeypatch.setattr(attack_table, "CONFIGS", tmp_path)
+    tiny = attack_table.Table("attack_table.toml", attack_table.Mode(rounds=30, seeds=1), "relative_error")
+    monkeypatch.setattr(attack_table, "TABLES", {"synthetic": tiny})
+    summary = attack_table.main(tmp_path / "out", quick=True)
+    table = summary["tables"]["synthetic"]
+    assert len(table["values"]) == 9
+    error = table["values"]
+    assert "large_gradient | mean" in table["breaks"]  # an undefended mean under 1e6 gradients
     assert error["large_gradient | mean"] > 1e6 * error["large_gradient | median"]
-    written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["breaks"] == summary["breaks"]
+    written = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert written["tables"]["synthetic"]["breaks"] == table["breaks"]
 
 
 def test_table1_exit_status_follows_the_orderings(tmp_path, monkeypatch):

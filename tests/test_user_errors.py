@@ -363,33 +363,43 @@ def test_fig3_exits_1_on_a_failed_check_unless_quick(tmp_path, monkeypatch, caps
         assert "  [ok] K=4,n=16: FC below Local" in out.splitlines()
 
 
-def _tiny_attack_table(monkeypatch, attack_table):
-    monkeypatch.setattr(attack_table, "ATTACKS", {k: attack_table.ATTACKS[k] for k in ("none", "large_gradient")})
-    monkeypatch.setattr(attack_table, "DEFENSES", {k: attack_table.DEFENSES[k] for k in ("median", "MC")})
+def _tiny_attack_table(tmp_path, monkeypatch, attack_table, rounds: int) -> Path:
+    """The synthetic table shrunk to two attacks and two defenses; the output folder."""
+    text = (attack_table.CONFIGS / "attack_table.toml").read_text().split("[[methods]]")[0]
+    text = re.sub(r"(?m)^rounds = .*$", f"rounds = {rounds}", text)
+    text = re.sub(r"(?m)^seeds = .*$", "seeds = [0]", text)
+    for label, spec in (("median", 'name = "global"\naggregator = "median"'), ("MC", 'name = "mc"\nclusters = 1')):
+        text += f'[[methods]]\nlabel = "{label}"\n{spec}\nlr = 0.01\nheavy_ball = 0.9\n'
+    text += '[grid]\nattack = [{ name = "none" }, { name = "large_gradient" }]\n'
+    (tmp_path / "attack_table.toml").write_text(text)
+    monkeypatch.setattr(attack_table, "CONFIGS", tmp_path)
+    tiny = attack_table.Table("attack_table.toml", attack_table.Mode(rounds=10, seeds=1), "relative_error")
+    monkeypatch.setattr(attack_table, "TABLES", {"synthetic": tiny})
+    return tmp_path / "out"
 
 
 def test_attack_table_quick_says_it_is_a_smoke_run(tmp_path, monkeypatch, capsys):
     from robust_pfl.recipes import attack_table
 
-    _tiny_attack_table(monkeypatch, attack_table)
-    monkeypatch.setattr(attack_table, "QUICK", attack_table.Mode(rounds=10, seeds=1))
-    status, out, _ = run_cli(["attack-table", "--quick", "--out", str(tmp_path)], capsys)
-    summary = json.loads((tmp_path / "summary.json").read_text())
+    out_dir = _tiny_attack_table(tmp_path, monkeypatch, attack_table, rounds=300)
+    status, out, _ = run_cli(["attack-table", "--quick", "--out", str(out_dir)], capsys)
+    summary = json.loads((out_dir / "summary.json").read_text())
     assert status == 0 and summary["mode"] == "quick"
-    unconverged = [d for d in ("median", "MC") if f"none | {d}" in summary["breaks"]]
+    breaks = summary["tables"]["synthetic"]["breaks"]
+    unconverged = [d for d in ("median", "MC") if f"none | {d}" in breaks]
     assert unconverged  # 10 rounds leave a defense short of 1e-2 even without an attack
     note = out.splitlines()[0]
     assert note.startswith("Quick mode (10 rounds, 1 seed(s)): a smoke run, not the attack table.")
     assert f"(marked ✗ here without any attack: {', '.join(unconverged)})" in note
-    assert (tmp_path / "attack_table.md").read_text().startswith(note + "\n")
+    assert "the full run (300 rounds, 1 seeds)" in note
+    assert (out_dir / "attack_table.md").read_text().startswith(note + "\n")
 
 
 def test_attack_table_full_run_has_no_quick_note(tmp_path, monkeypatch, capsys):
     from robust_pfl.recipes import attack_table
 
-    _tiny_attack_table(monkeypatch, attack_table)
-    monkeypatch.setattr(attack_table, "FULL", attack_table.Mode(rounds=10, seeds=1))
-    status, out, _ = run_cli(["attack-table", "--out", str(tmp_path)], capsys)
+    out_dir = _tiny_attack_table(tmp_path, monkeypatch, attack_table, rounds=10)
+    status, out, _ = run_cli(["attack-table", "--out", str(out_dir)], capsys)
     assert status == 0 and "Quick mode" not in out
-    assert "Quick mode" not in (tmp_path / "attack_table.md").read_text()
-    assert json.loads((tmp_path / "summary.json").read_text())["mode"] == "full"
+    assert "Quick mode" not in (out_dir / "attack_table.md").read_text()
+    assert json.loads((out_dir / "summary.json").read_text())["mode"] == "full"

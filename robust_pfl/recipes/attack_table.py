@@ -1,22 +1,20 @@
-"""Attack x defense table on synthetic data: which defenses hold, which break.
+"""Attack x defense tables: which defenses hold, which break.
 
-One honest cluster (so every defense targets the same optimum ``x*`` and a single
-robust average is the right answer): 20 honest clients of the synthetic linear
-regression task (Werner et al. Sec. 4.1; d = 10, 9 samples each, ``x*`` in {0, 100}^10) plus
-5 Byzantine clients (20 %), full-batch gradients, heavy-ball SGD (lr 0.01, momentum
-0.9).  Defenses: FedAvg with each classic robust aggregator, Federated-Clustering
-(Werner et al. Alg. 2), Momentum-Clustering (Alg. 4) and the oracle GroundTruth
-(knows who is Byzantine).  Attacks: every registered gradient attack (data attacks
-need a classification task and are left out here).
+Each table is a grid file in ``configs/`` (``robust-pfl grid`` runs them too); this
+recipe runs them (resumable, into ``OUT/<table>/``) and writes ``attack_table.md``:
 
-A cell is the honest clients' final ``||x_i - x*||^2`` relative to the initial error
-(mean over seeds); a defense **breaks** when that is above 1e-2 (it failed to remove
-99 % of the initial error) or not finite.  The grid is resumable: finished cells are
-kept in ``cells.jsonl`` and a rerun skips them.
+* **synthetic** (``configs/attack_table.toml``): one honest cluster of the synthetic
+  linear regression task, so a robust average is the right answer.  A cell is the
+  honest clients' final ``||x_i - x*||^2`` relative to the initial error (mean over
+  seeds); a defense **breaks** when that is above ``BREAK_THRESHOLD`` (it failed to
+  remove 99 % of the initial error) or not finite.
+* **digits** (``configs/attack_table_digits.toml``): the embedded digits, private
+  label, K = 4, gradient attacks and label flipping.  A cell is the honest clients'
+  final test accuracy (%, mean over seeds); a defense **breaks** when that is more
+  than ``ACCURACY_DROP`` points below its own accuracy without attack, or not finite.
 
-Quick mode (100 rounds, 1 seed) is a smoke run, and its output and ``attack_table.md``
-say so: at 100 rounds a slow defense can still be above the threshold without any
-attack, so its ✗ marks are not the table's verdicts.
+Quick mode (fewer rounds, 1 seed) overrides the files' ``rounds`` and ``seeds``: a
+smoke run, and its output says so (a slow defense can still be converging).
 """
 
 from __future__ import annotations
@@ -25,48 +23,19 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import mean
 from typing import Any
 
-import attacks
-from robust_pfl.experiments import progress_bar, run_cell_config
-from robust_pfl.grid import Cell, CellStore, run_grid
+import pandas as pd
+
+from robust_pfl.backends import Backend
+from robust_pfl.grid import grid_results, run_grid
+from robust_pfl.grid_file import Grid, expand_grid, read_grid_file
 from robust_pfl.results import history_text, write_outputs
 
+#: The grid files, found in the source checkout (``pip install -e .``).
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BREAK_THRESHOLD = 1e-2
-HONEST = 20
-BYZANTINE = 5
-OPTIMISER = {"lr": 0.01, "heavy_ball": 0.9}
-
-DEFENSES: dict[str, dict[str, Any]] = {
-    "mean": {"name": "global", "aggregator": "mean"},
-    "median": {"name": "global", "aggregator": "median"},
-    "trimmed_mean": {"name": "global", "aggregator": {"name": "trimmed_mean", "f": BYZANTINE}},
-    "krum": {"name": "global", "aggregator": {"name": "krum", "f": BYZANTINE}},
-    "multi_krum": {"name": "global", "aggregator": {"name": "multi_krum", "f": BYZANTINE}},
-    "geometric_median": {"name": "global", "aggregator": "geometric_median"},
-    "centered_clipping": {"name": "global", "aggregator": {"name": "centered_clipping", "tau": 100.0}},
-    "bucketing+median": {"name": "global", "aggregator": {"name": "bucketing", "inner": "median", "s": 2}},
-    "FC": {"name": "fc", "radius": {"policy": "quantile", "q": 0.5}},
-    "MC": {"name": "mc", "radius": {"policy": "quantile", "q": 0.5}, "clusters": 1},
-    "GT (oracle)": {"name": "ground_truth"},
-}
-
-ATTACKS: dict[str, dict[str, Any]] = {
-    "none": {"name": "none"},
-    "large_gradient": {"name": "large_gradient"},
-    "nan": {"name": "constant", "value": math.nan},
-    "1e38": {"name": "constant", "value": 1e38},
-    "bit_flip": {"name": "bit_flip"},
-    "gaussian_noise": {"name": "gaussian_noise"},
-    "alie": {"name": "alie"},
-    "ipm": {"name": "ipm", "eps": 0.1},
-    "mimic": {"name": "mimic"},
-    "min_max": {"name": "min_max"},
-    "min_sum": {"name": "min_sum"},
-    "ball_edge": {"name": "ball_edge"},
-    "optimised(alie)": {"name": "optimised", "base": {"name": "alie"}},
-}
+ACCURACY_DROP = 10.0  # points
 
 
 @dataclass(frozen=True)
@@ -75,121 +44,147 @@ class Mode:
     seeds: int
 
 
-FULL = Mode(rounds=300, seeds=3)
-QUICK = Mode(rounds=100, seeds=1)
+@dataclass(frozen=True)
+class Table:
+    """One attack x defense table: its grid file, quick mode and verdict."""
+
+    file: str
+    quick: Mode
+    measure: str  # "relative_error" or "accuracy"
 
 
-def cell_config(attack: dict[str, Any], defense: dict[str, Any], seed: int, mode: Mode) -> dict[str, Any]:
-    """The run config of one cell (validated when built)."""
-    return {
-        "seeds": [seed],
-        "rounds": mode.rounds,
-        "eval_every": mode.rounds,
-        "dtype": "float64",
-        "task": {"clusters": 1, "clients_per_cluster": HONEST},
-        "byzantine": {"total": BYZANTINE},
-        "attack": attack,
-        "methods": [{**defense, **OPTIMISER}],
-    }
+TABLES: dict[str, Table] = {
+    "synthetic": Table("attack_table.toml", Mode(rounds=100, seeds=1), "relative_error"),
+    "digits": Table("attack_table_digits.toml", Mode(rounds=40, seeds=1), "accuracy"),
+}
 
 
-def gradient_attacks() -> dict[str, dict[str, Any]]:
-    """The table's attacks that are registered and do not poison data."""
-    return {
-        label: spec
-        for label, spec in ATTACKS.items()
-        if spec["name"] == "none"
-        or (spec["name"] in attacks.REGISTRY and "data" not in getattr(attacks.REGISTRY[spec["name"]], "needs", ()))
-    }
+def load(name: str, quick: bool = False, seeds: int | None = None) -> tuple[Grid, Mode]:
+    """Table ``name``'s grid, with quick mode's rounds and seeds, or ``seeds`` seeds;
+    and the full mode the file describes."""
+    table = TABLES[name]
+    path = CONFIGS / table.file
+    data = read_grid_file(path)
+    full = Mode(rounds=data.get("rounds", 100), seeds=len(data.get("seeds", [0])))
+    if quick:
+        data.update(rounds=table.quick.rounds, seeds=list(range(table.quick.seeds)))
+    if seeds is not None:
+        data["seeds"] = list(range(seeds))
+    return expand_grid(data, str(path)), full
 
 
-def cells(mode: Mode) -> list[Cell]:
-    out = []
-    for attack_label, attack in gradient_attacks().items():
-        for defense_label, defense in DEFENSES.items():
-            for seed in range(mode.seeds):
-                key = (("attack", attack_label), ("defense", defense_label), ("seed", seed))
-                out.append(Cell(key, cell_config(attack, defense, seed, mode)))
+def relative_errors(rows: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """``{(attack, defense): mean over seeds of final / initial param_error}``."""
+    error = rows[rows["metric"] == "param_error"]
+    first = error.loc[error.groupby("cell")["round"].idxmin()].set_index("cell")
+    last = error[error["final"]].set_index("cell")
+    ratio = (last["value"] / first["value"]).where(lambda r: r.map(math.isfinite), math.inf)
+    per_cell = pd.DataFrame({"attack": last["attack"], "method": last["method"], "ratio": ratio})
+    return {key: float(v) for key, v in per_cell.groupby(["attack", "method"], sort=False)["ratio"].mean().items()}
+
+
+def accuracies(rows: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """``{(attack, defense): mean over seeds of the final honest test accuracy, %}``."""
+    final = rows[(rows["metric"] == "test_accuracy") & rows["final"]]
+    mean = final.groupby(["attack", "method"], sort=False)["value"].mean()
+    return {key: 100 * float(v) for key, v in mean.items()}
+
+
+def breaks(values: dict[tuple[str, str], float], measure: str) -> set[tuple[str, str]]:
+    """The (attack, defense) pairs where the defense breaks (see the module doc)."""
+    out = {key for key, value in values.items() if not math.isfinite(value)}
+    for (attack, defense), value in values.items():
+        if measure == "relative_error" and value > BREAK_THRESHOLD:
+            out.add((attack, defense))
+        clean = values.get(("none", defense))
+        if measure == "accuracy" and clean is not None and value < clean - ACCURACY_DROP:
+            out.add((attack, defense))
     return out
 
 
-def run_cell(cell: Cell) -> list[dict[str, Any]]:
-    return run_cell_config(cell.payload, f"attack table cell {cell.key_text}")
+def labels(grid: Grid, column: str) -> list[str]:
+    """The values of an axis column in grid order."""
+    return list(dict.fromkeys(cell.axes[column] for cell in grid.cells))
 
 
-def relative_errors(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    """``{(attack, defense): mean over seeds of final/initial param_error}``."""
-    errors: dict[tuple[str, str, int], dict[int, float]] = {}
-    for row in rows:
-        if row["metric"] == "param_error":
-            errors.setdefault((row["attack"], row["defense"], row["seed"]), {})[row["round"]] = float(row["value"])
-    per_cell: dict[tuple[str, str], list[float]] = {}
-    for (attack, defense, _), by_round in errors.items():
-        ratio = by_round[max(by_round)] / by_round[0]
-        per_cell.setdefault((attack, defense), []).append(ratio if math.isfinite(ratio) else math.inf)
-    return {key: mean(values) for key, values in per_cell.items()}
-
-
-def holds(value: float) -> bool:
-    return math.isfinite(value) and value <= BREAK_THRESHOLD
-
-
-def markdown(errors: dict[tuple[str, str], float]) -> str:
-    attack_labels = list(dict.fromkeys(a for a, _ in errors))
-    defense_labels = [d for d in DEFENSES if any((a, d) in errors for a in attack_labels)]
+def markdown(values: dict[tuple[str, str], float], broken: set[tuple[str, str]], grid: Grid, measure: str) -> str:
+    attack_labels = [a for a in labels(grid, "attack") if any(k[0] == a for k in values)]
+    defense_labels = [d for d in labels(grid, "method") if any(k[1] == d for k in values)]
     lines = [
         "| attack \\ defense | " + " | ".join(defense_labels) + " |",
         "|---|" + "---|" * len(defense_labels),
     ]
     for attack in attack_labels:
-        cells_text = []
+        shown = []
         for defense in defense_labels:
-            value = errors[(attack, defense)]
-            cells_text.append(f"{value:.1e}" + ("" if holds(value) else " ✗"))
-        lines.append(f"| {attack} | " + " | ".join(cells_text) + " |")
+            value = values.get((attack, defense))
+            text = "–" if value is None else (f"{value:.1e}" if measure == "relative_error" else f"{value:.1f}")
+            shown.append(text + (" ✗" if (attack, defense) in broken else ""))
+        lines.append(f"| {attack} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
 
 
-def quick_note(errors: dict[tuple[str, str], float], mode: Mode) -> str:
-    """What a quick table is: a smoke run whose ✗ can mean "still converging"."""
-    slow = [d for d in DEFENSES if ("none", d) in errors and not holds(errors[("none", d)])]
+def describe(name: str, grid: Grid, mode: Mode, measure: str) -> str:
+    """The table's heading: what it ran and what a cell and a ✗ mean."""
+    cell = grid.cells[0]
+    task = cell.config["task"]
+    if measure == "relative_error":
+        what = (f"Relative honest error ||x - x*||^2 / initial; ✗ = breaks (> {BREAK_THRESHOLD:g} or not finite). "
+                f"{cell.n_clients - cell.n_byzantine} honest + {cell.n_byzantine} Byzantine clients, "
+                f"{task['clusters']} cluster(s).")
+    else:
+        what = (f"Final honest test accuracy (%); ✗ = more than {ACCURACY_DROP:g} points below the same defense "
+                f"without attack. {task['dataset']} {task['kind']}, K = {task['clusters']}, "
+                f"{cell.n_clients - cell.n_byzantine} honest + {cell.n_byzantine} Byzantine clients.")
+    return f"**{name}** ({Path(grid.source).name}): {mode.rounds} rounds, mean of {mode.seeds} seed(s). {what}"
+
+
+def quick_note(mode: Mode, full: Mode, slow: list[str]) -> str:
+    """What a quick table is: a smoke run whose ✗ can mean "still converging" (``slow``:
+    the defenses marked ✗ without any attack)."""
     shown = f" (marked ✗ here without any attack: {', '.join(slow)})" if slow else ""
     return (
         f"Quick mode ({mode.rounds} rounds, {mode.seeds} seed(s)): a smoke run, not the attack table. A ✗ here "
-        f"can mean a defense is still converging{shown}; the full run ({FULL.rounds} rounds, {FULL.seeds} "
+        f"can mean a defense is still converging{shown}; the full run ({full.rounds} rounds, {full.seeds} "
         f"seeds) decides which defenses break."
     )
 
 
-def main(out: Path, quick: bool = False, seeds: int | None = None) -> dict[str, Any]:
-    mode = QUICK if quick else FULL
-    if seeds is not None:
-        mode = Mode(mode.rounds, seeds)
+def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str = "all",
+         backend: Backend | None = None) -> dict[str, Any]:
+    """Run (or resume) the tables, write ``attack_table.md``, ``history.csv`` and
+    ``summary.json`` into ``out``; return the summary."""
+    names = list(TABLES) if tables == "all" else [tables]
     start = time.perf_counter()
-    grid = cells(mode)
-    store = CellStore(out / "cells.jsonl")
-    with progress_bar(len(grid), "attack table") as bar:
-        rows = run_grid(grid, run_cell, store, on_cell=lambda cell, skipped: bar.update(1))
-    errors = relative_errors(rows)
-    table = markdown(errors)
+    sections, histories, summary_tables = [], [], {}
+    for name in names:
+        grid, full = load(name, quick, seeds)
+        measure = TABLES[name].measure
+        mode = Mode(grid.cells[0].config["rounds"], len(labels(grid, "seed")))
+        run_grid(grid, out / name, backend)
+        rows = grid_results(out / name, grid)
+        values = relative_errors(rows) if measure == "relative_error" else accuracies(rows)
+        broken = breaks(values, measure)
+        text = describe(name, grid, mode, measure)
+        if quick:
+            slow = [d for d in labels(grid, "method") if ("none", d) in broken]
+            text = quick_note(mode, full, slow) + "\n\n" + text
+        sections.append(text + "\n\n" + markdown(values, broken, grid, measure))
+        history = rows[rows["metric"] != "cell_seconds"][["attack", "method", "seed", "round", "metric", "value"]]
+        histories.append(history.assign(table=name))
+        summary_tables[name] = {
+            "measure": measure,
+            "values": {f"{a} | {d}": v for (a, d), v in values.items()},
+            "breaks": sorted(f"{a} | {d}" for a, d in broken),
+            "rounds": mode.rounds,
+            "seeds": mode.seeds,
+            "store": str(out / name / "results.csv"),
+        }
     seconds = time.perf_counter() - start
-    header = (
-        f"Relative honest error ||x - x*||^2 / initial after {mode.rounds} rounds, mean of "
-        f"{mode.seeds} seed(s); ✗ = breaks (> {BREAK_THRESHOLD:g} or not finite). "
-        f"{HONEST} honest + {BYZANTINE} Byzantine clients, one cluster. {seconds:.0f} s."
-    )
-    if quick:
-        header = quick_note(errors, mode) + "\n\n" + header
-    summary = {
-        "mode": "quick" if quick else "full",
-        "relative_error": {f"{a} | {d}": v for (a, d), v in errors.items()},
-        "breaks": sorted(f"{a} | {d}" for (a, d), v in errors.items() if not holds(v)),
-        "rounds": mode.rounds,
-        "seeds": mode.seeds,
-        "seconds": seconds,
-    }
-    write_outputs(out, summary, {"attack_table.md": header + "\n\n" + table + "\n", "history.csv": history_text(rows)})
-    print(header)
-    print(table)
+    summary = {"mode": "quick" if quick else "full", "tables": summary_tables, "seconds": seconds}
+    document = "\n\n".join(sections) + f"\n\n{seconds:.0f} s in this call.\n"
+    history_rows = pd.concat(histories).to_dict("records")
+    write_outputs(out, summary, {"attack_table.md": document, "history.csv": history_text(history_rows)})
+    print(document)
     print(f"wrote {out / 'attack_table.md'}, {out / 'history.csv'}, {out / 'summary.json'}")
     return summary

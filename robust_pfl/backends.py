@@ -1,0 +1,142 @@
+"""Where a grid's cells run: in this process, in a local process pool, or on Ray.
+
+A cell is a pure function of its config (:func:`execute_cell`), so every backend gives
+the same results; a backend only decides where and how many at once.  Outcomes come
+back as cells finish, and only the caller writes the results store.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import multiprocessing
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Protocol, Sequence
+
+from robust_pfl.config import ConfigError
+from robust_pfl.grid_file import Resources
+
+BACKENDS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """What a worker needs to run one cell."""
+
+    cell: str
+    config: dict[str, Any]
+    source: str  # for messages: "<grid file> cell <cell> (attack=..., method=..., seed=...)"
+    checkpoint: str | None  # the cell's checkpoint file, or None
+    threads: int  # torch intra-op threads for the cell
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    """A finished cell: its tidy rows, or the error it raised."""
+
+    cell: str
+    rows: list[dict[str, Any]]  # {"round": int, "metric": str, "value": float}
+    error: str | None  # "ExceptionType: message" when the run raised
+    seconds: float
+
+
+def execute_cell(task: CellTask) -> CellOutcome:
+    """Run one cell on ``task.threads`` torch threads with deterministic algorithms
+    (restored afterwards, so an in-process run leaves the caller's settings); an
+    ``Exception`` becomes the outcome's ``error``."""
+    import torch
+
+    from robust_pfl.experiments import run_cell_config
+
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.set_num_threads(task.threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    error = None
+    try:
+        checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
+        raw = run_cell_config(task.config, task.source, checkpoint=checkpoint)
+        rows = [{"round": int(r["round"]), "metric": str(r["metric"]), "value": float(r["value"])} for r in raw]
+    except Exception as caught:  # a failing cell is recorded; the grid goes on
+        error = f"{type(caught).__name__}: {caught}"
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    return CellOutcome(task.cell, rows, error, time.perf_counter() - start)
+
+
+class Backend(Protocol):
+    name: str
+
+    def map_unordered(self, tasks: Sequence[CellTask]) -> Iterator[CellOutcome]:
+        """Run ``tasks``; yield each outcome as its cell finishes."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """``jobs = 1``: cells run one after another in this process; ``jobs > 1``: a pool
+    of that many fresh ("spawn") processes, each running one cell at a time."""
+
+    name = "local"
+
+    def __init__(self, jobs: int = 1) -> None:
+        if jobs < 1:
+            raise ConfigError(f"jobs must be >= 1, got {jobs}")
+        self.jobs = jobs
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map_unordered(self, tasks: Sequence[CellTask]) -> Iterator[CellOutcome]:
+        if self.jobs == 1:
+            for task in tasks:
+                yield execute_cell(task)
+            return
+        if self._pool is None:
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+        pending: dict[Future[CellOutcome], CellTask] = {self._pool.submit(execute_cell, t): t for t in tasks}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield _outcome(future, pending.pop(future))
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _outcome(future: Future[CellOutcome], task: CellTask) -> CellOutcome:
+    """The future's outcome; a worker that died (killed, out of memory) is the cell's
+    error, so the cell runs again next time."""
+    try:
+        return future.result()
+    except Exception as error:  # BrokenProcessPool and the like: the cell did not finish
+        return CellOutcome(task.cell, [], f"{type(error).__name__}: {error}", 0.0)
+
+
+def make_backend(name: str, jobs: int | None = 1, address: str | None = None,
+                 resources: Resources = Resources()) -> Backend:
+    """The backend called ``name`` ("local" or "ray").  ``jobs``: cells at once (local:
+    default 1; Ray: default as many as the cluster's resources allow); ``address``: an
+    existing Ray cluster (Ray only); ``resources``: what Ray reserves per cell."""
+    if name == "local":
+        if address is not None:
+            raise ConfigError("--address applies to the ray backend only")
+        return LocalBackend(1 if jobs is None else jobs)
+    if name == "ray":
+        if importlib.util.find_spec("ray") is None:
+            raise ConfigError("backend 'ray' needs Ray: pip install 'robust-pfl[ray]'")
+        from robust_pfl.ray_backend import RayBackend
+
+        return RayBackend(address=address, resources=resources, jobs=jobs)
+    raise ConfigError(f"unknown backend {name!r}; allowed: {list(BACKENDS)}")

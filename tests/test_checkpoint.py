@@ -1,0 +1,520 @@
+"""Checkpointed runs (robust_pfl.checkpoint, run_method(checkpoint=...), ``run --resume``):
+a run stopped at any round and resumed gives bit-identical rows and final models to
+one that never stopped; a checkpoint belongs to one config, method and seed; a kill
+during a save never leaves half a checkpoint."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import defenses
+from robust_pfl import checkpoint as checkpoints
+from robust_pfl.checkpoint import CheckpointError, checkpoint_name, load_checkpoint, save_checkpoint
+from robust_pfl.cli import main
+from robust_pfl.config import ConfigError, load_config, parse_config
+from robust_pfl.experiments import load_run, run_experiment, run_method, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture(autouse=True)
+def restore_determinism_flag():
+    """run_experiment switches on torch's deterministic mode process-wide; put it back."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+SYNTHETIC = {"name": "synthetic_linear", "clusters": 2, "clients_per_cluster": 4}
+DIGITS = {
+    "name": "image",
+    "dataset": "digits",
+    "kind": "private_label",
+    "clusters": 2,
+    "clients_per_cluster": 3,
+    "model": {"name": "mlp", "hidden": [8]},
+}
+
+
+def config_of(method: dict[str, Any], attack: dict[str, Any], task: dict[str, Any] = SYNTHETIC, **extra: Any):
+    data = {
+        "seeds": [3],
+        "rounds": 9,
+        "eval_every": 2,
+        "checkpoint_every": 2,
+        "byzantine": {"total": 2},
+        "task": task,
+        "methods": [method],
+        "attack": attack,
+        **extra,
+    }
+    return validate(parse_config(data))
+
+
+class Stop(Exception):
+    """Raised from ``on_round``: the run dies after that round, before its checkpoint."""
+
+
+def stop_after(rounds: int):
+    count = [0]
+
+    def on_round() -> None:
+        count[0] += 1
+        if count[0] == rounds:
+            raise Stop
+
+    return on_round
+
+
+def exact(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """Rows with every value as its exact hex form (NaN equals NaN)."""
+    return [(row["method"], row["seed"], row["round"], row["metric"], float(row["value"]).hex()) for row in rows]
+
+
+def uninterrupted(config, monkeypatch) -> tuple[list[dict[str, Any]], torch.Tensor]:
+    """Rows and final models of a run without checkpoints (the algorithm caught as it is built)."""
+    built = []
+    real_build = defenses.build
+
+    def build(*args: Any, **kwargs: Any):
+        built.append(real_build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(defenses, "build", build)
+    table = run_method(config.methods[0], config, config.seeds[0])
+    monkeypatch.setattr(defenses, "build", real_build)
+    return table.rows, built[0].client_models().clone()
+
+
+# Each case: a method with state across rounds, and an attack drawing from its stream.
+CASES = {
+    "fc-heavy-ball-subgroups": ({"name": "fc", "lr": 0.05, "heavy_ball": 0.9, "groups": 2}, {"name": "large_gradient"}),
+    "mc-ball-edge": ({"name": "mc", "lr": 0.05, "heavy_ball": 0.5}, {"name": "ball_edge"}),
+    "mc-pairwise": ({"name": "mc", "lr": 0.05, "method": "pairwise"}, {"name": "large_gradient"}),
+    "myopic": ({"name": "myopic", "lr": 0.05}, {"name": "gaussian_noise"}),
+    "global-median-optimised": (
+        {"name": "global", "lr": 0.05, "heavy_ball": 0.9, "aggregator": "median"},
+        {"name": "optimised"},
+    ),
+    "global-bucketing": ({"name": "global", "lr": 0.05, "aggregator": {"name": "bucketing", "s": 2}}, {"name": "alie"}),
+    "ifca": ({"name": "ifca", "lr": 0.05, "heavy_ball": 0.5}, {"name": "large_gradient"}),
+    "ditto": ({"name": "ditto", "lr": 0.05, "heavy_ball": 0.5}, {"name": "large_gradient"}),
+    "local": ({"name": "local", "lr": 0.05, "heavy_ball": 0.9}, {"name": "none"}),
+    "ground_truth": ({"name": "ground_truth", "lr": 0.05}, {"name": "large_gradient"}),
+}
+
+
+def resumed(config, path: Path, stops: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Rows of a run stopped after each of ``stops`` rounds (counted from its start or
+    resumption) and resumed from ``path`` until it finishes."""
+    method, seed = config.methods[0], config.seeds[0]
+    for rounds in stops:
+        with pytest.raises(Stop):
+            run_method(method, config, seed, on_round=stop_after(rounds), checkpoint=path)
+    return run_method(method, config, seed, checkpoint=path).rows
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_stopped_and_resumed_run_is_bit_identical(case, tmp_path, monkeypatch):
+    method, attack = CASES[case]
+    config = config_of(method, attack)
+    rows, models = uninterrupted(config, monkeypatch)
+    path = tmp_path / "run.pt"
+    # stopped mid-interval (3: one round past the checkpoint at 2) and on a checkpoint round
+    assert exact(resumed(config, path, stops=(3, 4))) == exact(rows)
+    saved = load_run(config.methods[0], config, config.seeds[0], path)
+    assert saved.done == config.rounds
+    assert torch.equal(saved.algorithm.client_models(), models)
+
+
+@pytest.mark.parametrize("name", sorted(defenses.REGISTRY))
+def test_every_registered_algorithm_resumes_bit_identically(name, tmp_path, monkeypatch):
+    """With its default options, so that a newly registered algorithm is checked too."""
+    classification = getattr(defenses.REGISTRY[name], "requires_classification", False)
+    task = {**DIGITS} if classification else SYNTHETIC
+    extra = {"batch_size": 32} if classification else {}
+    config = config_of({"name": name}, {"name": "large_gradient"}, task, **extra)
+    rows, models = uninterrupted(config, monkeypatch)
+    path = tmp_path / "run.pt"
+    assert exact(resumed(config, path, stops=(3,))) == exact(rows)
+    assert torch.equal(load_run(config.methods[0], config, config.seeds[0], path).algorithm.client_models(), models)
+
+
+@pytest.mark.parametrize(
+    "method, attack, reshuffle",
+    [
+        ({"name": "knn_per", "lr": 0.1, "heavy_ball": 0.5}, {"name": "large_gradient"}, False),
+        ({"name": "fc", "lr": 0.1, "heavy_ball": 0.9}, {"name": "label_flip"}, True),
+        ({"name": "ifca_model_avg", "lr": 0.1}, {"name": "large_gradient"}, True),
+    ],
+)
+def test_image_task_runs_resume_bit_identically(method, attack, reshuffle, tmp_path, monkeypatch):
+    """Digits with batches of 32 of each client's 161 samples: an epoch is 6 rounds.
+    With ``reshuffle_every_epoch`` the run resumes from the checkpoint at round 6 (the
+    next round re-deals) and from the one at round 8 (the deal of epoch 1 must be
+    rebuilt); a data attack poisons each new deal."""
+    config = config_of(method, attack, {**DIGITS, "reshuffle_every_epoch": reshuffle}, batch_size=32, rounds=14)
+    rows, models = uninterrupted(config, monkeypatch)
+    path = tmp_path / "run.pt"
+    assert exact(resumed(config, path, stops=(7, 3))) == exact(rows)
+    assert torch.equal(load_run(config.methods[0], config, config.seeds[0], path).algorithm.client_models(), models)
+
+
+def test_theory_rows_resume_bit_identically(tmp_path, monkeypatch):
+    theory = {"estimate": ["A", "sigma", "momentum"], "every": 3, "power_iterations": 5}
+    config = config_of({"name": "mc", "lr": 0.05}, {"name": "large_gradient"}, theory=theory)
+    rows, _ = uninterrupted(config, monkeypatch)
+    assert any(row["metric"] == "theory_A2" and row["round"] == 6 for row in rows)
+    assert exact(resumed(config, tmp_path / "run.pt", stops=(5,))) == exact(rows)
+
+
+def test_a_finished_checkpoint_returns_its_rows_without_stepping(tmp_path):
+    config = config_of({"name": "local", "lr": 0.05}, {"name": "none"})
+    path = tmp_path / "run.pt"
+    rows = run_method(config.methods[0], config, 3, checkpoint=path).rows
+    calls = []
+    again = run_method(config.methods[0], config, 3, on_round=lambda: calls.append(1), checkpoint=path).rows
+    assert calls == [] and exact(again) == exact(rows)
+
+
+def test_checkpoint_holds_no_data_and_binds_the_rebuilt_task(tmp_path):
+    """The training data (here 500 samples x 10 features per client) is far larger
+    than the models; the checkpoint refers to it by name."""
+    task = {**SYNTHETIC, "samples_per_client": 500, "validation_samples": 500, "test_samples": 500}
+    config = config_of({"name": "fc", "lr": 0.01, "heavy_ball": 0.9}, {"name": "none"}, task)
+    path = tmp_path / "run.pt"
+    run_method(config.methods[0], config, 3, checkpoint=path)
+    saved = load_run(config.methods[0], config, 3, path)
+    inputs = saved.algorithm.federation.train.inputs
+    assert inputs.shape[1] == 500  # bound to the rebuilt task's data
+    assert path.stat().st_size < inputs.nbytes / 4
+
+
+def test_fc_checkpoint_leaves_out_its_scratch(tmp_path):
+    """FC's cross-gradient workspace and its [N, d] own-gradient and update buffers are
+    rewritten every round: the checkpoint holds the models and the momentum buffer,
+    and a restored FC has fresh scratch of the right shape."""
+    task = {**SYNTHETIC, "dim": 4000}
+    config = config_of({"name": "fc", "lr": 0.01, "heavy_ball": 0.9}, {"name": "none"}, task)
+    path = tmp_path / "run.pt"
+    run_method(config.methods[0], config, 3, checkpoint=path)
+    saved = load_run(config.methods[0], config, 3, path)
+    models = saved.algorithm.models
+    assert path.stat().st_size < 2.5 * models.nbytes
+    assert saved.algorithm._buffer is None
+    assert saved.algorithm._own.shape == saved.algorithm._updates.shape == models.shape
+
+
+def test_checkpoint_name_is_a_safe_distinct_file_name():
+    assert checkpoint_name("fc", 0) == "fc-seed0.pt"
+    plus, space = checkpoint_name("global+median", 1), checkpoint_name("global median", 1)
+    assert plus != space
+    for name in (plus, space, checkpoint_name("../x/y", 2), checkpoint_name(".hidden", 3)):
+        assert "/" not in name and not name.startswith(".") and name.endswith(".pt")
+
+
+# -- a checkpoint belongs to one run --------------------------------------------------------
+def test_fingerprint_mismatch_names_the_file(tmp_path):
+    config = config_of({"name": "local", "lr": 0.05}, {"name": "none"})
+    path = tmp_path / "run.pt"
+    run_method(config.methods[0], config, 3, checkpoint=path)
+    other_lr = config_of({"name": "local", "lr": 0.06}, {"name": "none"})
+    for method, run_config, seed in ((other_lr.methods[0], other_lr, 3), (config.methods[0], config, 4)):
+        with pytest.raises(CheckpointError, match=f"checkpoint {path} was written by another run"):
+            run_method(method, run_config, seed, checkpoint=path)
+
+
+def test_checkpoint_interval_is_not_part_of_the_fingerprint(tmp_path):
+    """Resuming with another checkpoint_every continues the same trajectory."""
+    config = config_of({"name": "fc", "lr": 0.05, "heavy_ball": 0.9}, {"name": "large_gradient"})
+    reference = run_method(config.methods[0], config, 3).rows
+    path = tmp_path / "run.pt"
+    with pytest.raises(Stop):
+        run_method(config.methods[0], config, 3, on_round=stop_after(5), checkpoint=path)
+    every_three = config.model_copy(update={"checkpoint_every": 3})
+    assert exact(run_method(every_three.methods[0], every_three, 3, checkpoint=path).rows) == exact(reference)
+
+
+def test_other_format_version_is_refused(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, 1, "abc", {"x": 1}, {})
+    monkeypatch.setattr(checkpoints, "FORMAT_VERSION", checkpoints.FORMAT_VERSION + 1)
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} has format"):
+        load_checkpoint(path, "abc", lambda done: {})
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "c.pt"
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"checkpoint {path} cannot be read"):
+        load_checkpoint(path, "abc", lambda done: {})
+
+
+def test_shared_objects_are_bound_by_name_with_the_saved_round(tmp_path):
+    big, other = torch.arange(1000.0), torch.zeros(3)
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, 7, "key", {"data": [big, big], "own": other}, {"data": big})
+    rounds: list[int] = []
+    replacement = torch.ones(1000)
+
+    def shared(done: int) -> dict[str, Any]:
+        rounds.append(done)
+        return {"data": replacement}
+
+    done, state = load_checkpoint(path, "key", shared)
+    assert done == 7 and rounds == [7]
+    assert state["data"][0] is replacement and state["data"][1] is replacement
+    assert torch.equal(state["own"], other)
+    with pytest.raises(CheckpointError, match="refers to 'data', which this run does not have"):
+        load_checkpoint(path, "key", lambda done: {})
+
+
+def test_views_keep_sharing_their_storage(tmp_path):
+    whole = torch.zeros(5, 2)
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, 0, "key", (whole, whole[1:]), {})
+    _, (loaded, tail) = load_checkpoint(path, "key", lambda done: {})
+    loaded[2, 0] = 1.0
+    assert tail[1, 0] == 1.0
+
+
+# -- atomicity ------------------------------------------------------------------------------
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, 1, "key", {"generation": 1}, {})
+
+    def dies_mid_write(obj: Any, handle: Any, **kwargs: Any) -> None:
+        handle.write(b"half a checkpoint")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoints.torch, "save", dies_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(path, 2, "key", {"generation": 2}, {})
+    monkeypatch.undo()
+    assert load_checkpoint(path, "key", lambda done: {}) == (1, {"generation": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def _save_forever(path: str) -> None:
+    generation = 0
+    while True:
+        generation += 1
+        payload = bytes([generation % 251]) * (4 << 20)
+        save_checkpoint(Path(path), generation, "key", {"generation": generation, "payload": payload}, {})
+
+
+def test_sigkill_during_saves_leaves_a_loadable_checkpoint(tmp_path):
+    """A process rewriting a 4 MB checkpoint in a loop is SIGKILLed at seeded random
+    moments: the file is always one whole generation, and the next save clears what
+    the killed one left."""
+    path = tmp_path / "c.pt"
+    draw = random.Random(17)
+    context = multiprocessing.get_context("fork")
+    for _ in range(4):
+        writer = context.Process(target=_save_forever, args=(str(path),))
+        writer.start()
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(draw.uniform(0.0, 0.15))
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        generation, state = load_checkpoint(path, "key", lambda done: {})
+        assert state["generation"] == generation >= 1
+        assert state["payload"] == bytes([generation % 251]) * (4 << 20)
+    save_checkpoint(path, 0, "key", {}, {})
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+# -- the command line -------------------------------------------------------------------------
+def write_config(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+SMALL_RUN = """\
+    seeds = [0]
+    rounds = 6
+    eval_every = 2
+    {every}
+    [task]
+    name = "synthetic_linear"
+    clusters = 2
+    clients_per_cluster = 3
+    [[methods]]
+    name = "fc"
+    lr = {lr}
+"""
+
+
+def test_resume_without_checkpoint_every_exits_2_naming_it(tmp_path, capsys):
+    config = write_config(tmp_path / "c.toml", SMALL_RUN.format(every="", lr=0.05))
+    assert main(["run", str(config), "--out", str(tmp_path / "out"), "--resume"]) == 2
+    assert "checkpoint_every" in capsys.readouterr().err
+
+
+def test_resume_of_a_changed_config_exits_2_naming_the_checkpoint(tmp_path, capsys):
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", SMALL_RUN.format(every="checkpoint_every = 2", lr=0.05))
+    assert main(["run", str(config), "--out", str(out)]) == 0
+    write_config(config, SMALL_RUN.format(every="checkpoint_every = 2", lr=0.07))
+    assert main(["run", str(config), "--out", str(out), "--resume"]) == 2
+    error = capsys.readouterr().err
+    assert str(out / "checkpoints" / "fc-seed0.pt") in error and "another run" in error
+    assert main(["run", str(config), "--out", str(out)]) == 0  # without --resume: afresh
+
+
+def test_run_without_resume_removes_old_checkpoints(tmp_path):
+    out = tmp_path / "out"
+    config = write_config(tmp_path / "c.toml", SMALL_RUN.format(every="checkpoint_every = 2", lr=0.05))
+    stale = out / "checkpoints" / "fc-seed0.pt"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"left by an older run")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        run_experiment(load_config(config), out, resume=True)
+    run_experiment(load_config(config), out)
+    assert load_run(*method_and_seed(load_config(config)), stale).done == 6
+
+
+def method_and_seed(config) -> tuple[Any, Any, int]:
+    return config.methods[0], config, config.seeds[0]
+
+
+def test_resume_needs_a_config_with_checkpoint_every():
+    config = parse_config({"methods": [{"name": "local"}]})
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        run_experiment(config, Path("unused"), resume=True)
+
+
+# -- acceptance: real SIGKILLs of `robust-pfl run`, then --resume ------------------------------
+KILLED_RUN = """\
+    seeds = [0]
+    rounds = 36
+    eval_every = 4
+    batch_size = 32
+    checkpoint_every = 2
+    [task]
+    name = "image"
+    dataset = "digits"
+    kind = "private_label"
+    clusters = 2
+    clients_per_cluster = 3
+    model = {{ name = "mlp", hidden = [16] }}
+    reshuffle_every_epoch = true
+    [byzantine]
+    total = 2
+    [attack]
+    name = "{attack}"
+    [[methods]]
+    name = "fc"
+    lr = 0.1
+    heavy_ball = 0.9
+    [[methods]]
+    name = "mc"
+    lr = 0.1
+    [[methods]]
+    name = "global"
+    label = "global+median"
+    aggregator = "median"
+    lr = 0.1
+    heavy_ball = 0.9
+"""
+
+
+def checkpoint_marks(directory: Path) -> set[tuple[str, int]]:
+    return {(p.name, p.stat().st_mtime_ns) for p in directory.glob("*.pt")} if directory.exists() else set()
+
+
+def killed_and_resumed(config: Path, out: Path, kills: int, seed: int) -> int:
+    """Run the CLI, SIGKILL it a seeded random moment after each of ``kills`` new
+    checkpoints, resume with ``--resume`` until it exits 0; the kills that hit a
+    running process."""
+    draw = random.Random(seed)
+    hits = 0
+    for attempt in range(kills + 1):
+        command = [sys.executable, "-m", "robust_pfl.cli", "--threads", "1", "run", str(config), "--out", str(out)]
+        child = subprocess.Popen(command + (["--resume"] if attempt else []), cwd=ROOT)
+        if attempt == kills:
+            assert child.wait(timeout=300) == 0
+            return hits
+        before = checkpoint_marks(out / "checkpoints")
+        deadline = time.monotonic() + 120
+        while checkpoint_marks(out / "checkpoints") == before and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(draw.uniform(0.0, 0.3))
+        hits += child.poll() is None
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("attack", ["large_gradient", pytest.param("ball_edge", marks=pytest.mark.slow)])
+def test_sigkilled_run_resumes_to_the_uninterrupted_result(attack, tmp_path):
+    """`robust-pfl run` on digits (re-dealt every epoch of 4 rounds; FC with heavy ball,
+    MC, Global with median) SIGKILLed three times at seeded random moments, then
+    resumed: history.csv and every final model are bit-identical to a run never
+    killed."""
+    config = write_config(tmp_path / "run.toml", KILLED_RUN.format(attack=attack))
+    reference = tmp_path / "reference"
+    run_experiment(load_config(config), reference)
+    out = tmp_path / "killed"
+    assert killed_and_resumed(config, out, kills=3, seed=5) >= 2
+    assert (out / "history.csv").read_bytes() == (reference / "history.csv").read_bytes()
+    loaded = load_config(config)
+    for method in loaded.methods:
+        name = checkpoint_name(method.display, 0)
+        final = load_run(method, loaded, 0, out / "checkpoints" / name)
+        expected = load_run(method, loaded, 0, reference / "checkpoints" / name)
+        assert final.done == expected.done == loaded.rounds
+        assert torch.equal(final.algorithm.client_models(), expected.algorithm.client_models())
+
+
+def test_restored_mc_finds_the_centre_slots_ahead_of_its_buffers(tmp_path):
+    """MC keeps K free rows just ahead of its momenta, where pairwise clustering puts
+    the starting centres so that their products come out of the points' Gram product
+    (:func:`defenses.pairwise_clustering._stacked_ahead`); a restored MC, whose buffers
+    moved, still finds them."""
+    config = config_of({"name": "mc", "lr": 0.05, "method": "pairwise"}, {"name": "none"})
+    path = tmp_path / "run.pt"
+    run_method(config.methods[0], config, 3, checkpoint=path)
+    algorithm = load_run(config.methods[0], config, 3, path).algorithm
+    centres = torch.randn(algorithm.k, algorithm.momenta.shape[1], dtype=algorithm.momenta.dtype)
+    placed = algorithm._centres_in_slot(algorithm.momenta, centres)
+    assert placed.untyped_storage().data_ptr() == algorithm.momenta.untyped_storage().data_ptr()
+    assert placed.data_ptr() + placed.nbytes == algorithm.momenta.data_ptr()
+
+
+@pytest.mark.parametrize("written_after", [False, True])
+def test_heavy_ball_carried_bound_survives_only_while_valid(written_after, tmp_path):
+    """HeavyBall carries an upper bound on max|params| from its last in-place step while
+    nothing else wrote to them (their version counter).  Loading gives tensors new
+    counters: a bound valid at saving is carried on, one made stale by a later write is
+    dropped (and ``max|params|`` recomputed, as without a checkpoint)."""
+    params = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    optimizer = defenses.HeavyBall(0.5, 0.0, params)
+    optimizer.apply_gathered(params, torch.tensor([[4.0, 4.0]]), torch.tensor([0, 0]))
+    carried = optimizer._largest(params)
+    assert carried > params.abs().max()  # a bound, not the maximum
+    if written_after:
+        params.mul_(0.5)
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, 1, "key", (params, optimizer), {})
+    _, (loaded_params, loaded) = load_checkpoint(path, "key", lambda done: {})
+    expected = float(loaded_params.abs().max()) if written_after else carried
+    assert loaded._largest(loaded_params) == expected
+    assert loaded._moved is None and loaded._spare is None  # scratch is not saved

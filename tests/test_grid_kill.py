@@ -1,0 +1,111 @@
+"""Acceptance: a grid killed (SIGKILL) at random points and rerun until done loses no
+finished cell, stores none twice, and ends equal to an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from robust_pfl.grid import read_results, run_grid
+from robust_pfl.grid_file import load_grid
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+GRID = """seeds = [0, 1]
+rounds = 100
+eval_every = 25
+[task]
+clusters = 2
+clients_per_cluster = 3
+[byzantine]
+total = 2
+[[methods]]
+name = "fc"
+lr = 0.01
+[[methods]]
+name = "global"
+aggregator = "median"
+label = "median"
+lr = 0.01
+[grid]
+attack = [{ name = "none" }, { name = "large_gradient" }, { name = "alie" }]
+"""
+KILLS = 4
+MAX_PAUSE = 0.3  # seconds
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start(path: Path, out: Path) -> subprocess.Popen:
+    command = [sys.executable, "-m", "robust_pfl.cli", "--threads", "1", "grid", str(path), "--out", str(out)]
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def kill_at_random_point(process: subprocess.Popen, out: Path, rng: random.Random) -> bool:
+    """SIGKILL the run at a random point: once it is past start-up (it has rewritten
+    ``grid.json``) and has stored 0, 1 or 2 more cells, after a random pause of up to
+    ``MAX_PAUSE`` s (within a cell, a write, or the store's clean-up on open);
+    ``False`` if it finished first."""
+    marker, store = out / "grid.json", out / "results.csv"
+    launched = time.time_ns()
+    wait_for(process, lambda: marker.exists() and marker.stat().st_mtime_ns >= launched)
+    stored = store.read_text().count(",cell_seconds,") if store.exists() else 0
+    more = rng.randint(0, 2)
+    wait_for(process, lambda: store.read_text().count(",cell_seconds,") >= stored + more)
+    time.sleep(rng.uniform(0.0, MAX_PAUSE))
+    if process.poll() is not None:
+        return False
+    os.kill(process.pid, signal.SIGKILL)
+    return process.wait() == -signal.SIGKILL
+
+
+def wait_for(process: subprocess.Popen, condition) -> None:
+    while process.poll() is None and not condition():
+        time.sleep(0.01)
+
+
+def finished_blocks(out: Path) -> dict[str, pd.DataFrame]:
+    if not (out / "results.csv").exists():
+        return {}
+    frame = read_results(out)
+    return {cell: rows.reset_index(drop=True) for cell, rows in frame.groupby("cell")}
+
+
+def comparable(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.assign(value=frame["value"].where(frame["metric"] != "cell_seconds"))
+    return frame.sort_values(["cell", "metric", "round"]).reset_index(drop=True)
+
+
+def test_killed_grid_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
+    path = tmp_path / "kill.toml"
+    path.write_text(GRID)
+    reference = tmp_path / "reference"
+    cells = run_grid(load_grid(path), reference)["cells"]
+
+    out, rng = tmp_path / "killed", random.Random(17)
+    seen: dict[str, pd.DataFrame] = {}
+    partial = 0
+    for _ in range(KILLS):
+        if not kill_at_random_point(start(path, out), out, rng):
+            break
+        blocks = finished_blocks(out)
+        for cell, rows in seen.items():  # every cell finished before a kill is there, unchanged (never rerun)
+            pd.testing.assert_frame_equal(blocks[cell], rows)
+        seen.update(blocks)
+        partial += 0 < len(blocks) < cells
+    assert partial >= 1, "no kill landed while cells were being stored"
+    done = start(path, out)
+    assert done.wait(timeout=120) == 0
+    frame = pd.read_csv(out / "results.csv")  # the raw file, cleaned by the last run's open
+    assert (frame.groupby("cell")["metric"].apply(lambda m: int((m == "cell_seconds").sum())) == 1).all()
+    assert frame["cell"].nunique() == cells and (frame["status"] == "ok").all()
+    for cell, rows in seen.items():
+        pd.testing.assert_frame_equal(finished_blocks(out)[cell], rows)
+    pd.testing.assert_frame_equal(comparable(frame), comparable(pd.read_csv(reference / "results.csv")))

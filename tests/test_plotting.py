@@ -1,0 +1,301 @@
+"""``robust-pfl plot``: figures of a grid store or a run history (robust_pfl.plotting).
+
+Stores here are small hand-written tables in the grid store's and the run history's
+column layouts, so every plotted number has a hand-computed counterpart."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.image  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from robust_pfl import plotting  # noqa: E402
+from robust_pfl.cli import main  # noqa: E402
+from robust_pfl.config import ConfigError  # noqa: E402
+from robust_pfl.results import write_files  # noqa: E402
+
+AXES = ["attack", "method", "seed", "byzantine.total"]
+FIGURES = ("curves", "heatmap", "byzantine_fraction")  # the issue's three figures
+
+
+def store_rows(finals: dict[tuple[str, str, int, int], float], clients: int = 20, rounds: int = 4,
+               metric: str = "test_accuracy") -> list[dict]:
+    """A grid store's rows: one ok cell per (attack, method, seed, byzantine) key whose
+    metric climbs linearly to ``finals[key]`` at round ``rounds``, a ``test_loss``
+    beside it, and the ``cell_seconds`` row that closes each block."""
+    rows = []
+    for number, ((attack, method, seed, byzantine), final) in enumerate(finals.items()):
+        cell = {"cell": f"{number:016x}", "attack": attack, "method": method, "seed": seed,
+                "byzantine.total": byzantine, "n_clients": clients, "n_byzantine": byzantine,
+                "status": "ok", "error": ""}
+        for round_index in range(0, rounds + 1, 2):
+            last = round_index == rounds
+            rows.append({**cell, "round": round_index, "metric": metric,
+                         "value": final * round_index / rounds, "final": last})
+            rows.append({**cell, "round": round_index, "metric": "test_loss", "value": 1.0 / (1 + round_index),
+                         "final": last})
+        rows.append({**cell, "round": rounds, "metric": "cell_seconds", "value": 0.5, "final": True})
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict], columns: list[str] | None = None) -> Path:
+    columns = columns or list(rows[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# attack x method x seed at 2 of 20 clients Byzantine (fraction 0.1), accuracies as fractions
+FINALS = {
+    ("none", "fc", 0, 2): 0.90, ("none", "fc", 1, 2): 0.80,
+    ("none", "global", 0, 2): 0.70, ("none", "global", 1, 2): 0.50,
+    ("large_gradient", "fc", 0, 2): 0.85, ("large_gradient", "fc", 1, 2): 0.75,
+    ("large_gradient", "global", 0, 2): 0.10, ("large_gradient", "global", 1, 2): 0.20,
+}
+
+
+def view_of(path: Path, metric: str | None = None) -> plotting.MetricView:
+    results = plotting.load_results(path)
+    return plotting.metric_view(results, plotting.choose_metric(results, metric))
+
+
+# -- figures on disk -------------------------------------------------------------------------
+def test_grid_store_gives_every_figure_as_png_and_pdf(tmp_path, capsys):
+    """Two Byzantine fractions: all three figures, each a PNG that opens and a PDF,
+    written into RESULTS/plots with no temporary file left; the command prints them."""
+    finals = {**FINALS, **{(a, m, s, 4): v / 2 for (a, m, s, _), v in FINALS.items()}}
+    write_csv(tmp_path / "results.csv", store_rows(finals))
+
+    assert main(["plot", str(tmp_path)]) == 0
+
+    out = tmp_path / "plots"
+    printed = capsys.readouterr().out
+    expected = {f"{name}.{kind}" for name in FIGURES for kind in ("png", "pdf")}
+    assert {p.name for p in out.iterdir()} == expected  # nothing else: no staged temporaries
+    for name in FIGURES:
+        image = matplotlib.image.imread(out / f"{name}.png")
+        assert image.shape[0] > 100 and image.shape[1] > 100
+        assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
+        assert str(out / f"{name}.png") in printed and str(out / f"{name}.pdf") in printed
+    assert "skipped" not in printed
+
+
+def test_one_fraction_skips_the_fraction_figure_with_a_note(tmp_path):
+    """The note says why, and no stale fraction figure stays beside the new ones."""
+    write_csv(tmp_path / "store.csv", store_rows(FINALS))
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "figures" / "byzantine_fraction.png").write_text("an earlier call's figure")
+
+    report = plotting.plot_results(tmp_path / "store.csv", tmp_path / "figures")
+
+    assert sorted(p.name for p in report.files) == ["curves.pdf", "curves.png", "heatmap.pdf", "heatmap.png"]
+    assert all(p.stat().st_size > 0 for p in report.files)
+    assert not (tmp_path / "figures" / "byzantine_fraction.png").exists()
+    assert report.notes == ["byzantine_fraction: skipped (one Byzantine fraction in the data: 0.1)"]
+
+
+def test_run_history_plots_with_the_configs_attack(tmp_path, capsys):
+    """A run's history.csv (leading extra column ``setting``): one attack, named by the
+    config in summary.json beside it; no fraction axis, so that figure is skipped."""
+    rows = [
+        {"setting": setting, "method": method, "seed": seed, "round": r, "metric": "param_error",
+         "value": 10.0 ** (-r) * (1 + seed)}
+        for setting in ("K=4", "K=16") for method in ("fc", "local") for seed in (0, 1) for r in range(4)
+    ]
+    write_csv(tmp_path / "history.csv", rows)
+    (tmp_path / "summary.json").write_text(json.dumps({"config": {"attack": {"name": "large_gradient"}}}))
+
+    results = plotting.load_results(tmp_path)
+    assert results.kind == "run"
+    assert set(results.frame["attack"]) == {"large_gradient"}
+    assert set(results.frame["setting"]) == {"setting=K=4", "setting=K=16"}
+    assert main(["plot", str(tmp_path / "history.csv"), "--out", str(tmp_path / "p")]) == 0
+    printed = capsys.readouterr().out
+    assert "plotted param_error" in printed
+    assert "byzantine_fraction: skipped (history.csv records no Byzantine fraction)" in printed
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
+        "curves.pdf", "curves.png", "heatmap.pdf", "heatmap.png"]
+
+
+# -- what the figures show -------------------------------------------------------------------
+def test_heatmap_shows_hand_computed_means_over_seeds_in_percent(tmp_path):
+    """Cells are the mean over seeds of each run's last-round value, in percent:
+    none/fc (90 + 80) / 2 = 85, none/global (70 + 50) / 2 = 60, large_gradient/fc
+    (85 + 75) / 2 = 80, large_gradient/global (10 + 20) / 2 = 15; the figure writes
+    exactly these numbers, baseline attack first."""
+    write_csv(tmp_path / "results.csv", store_rows(FINALS))
+    view = view_of(tmp_path)
+    assert view.percent and view.label == "test_accuracy (%)"
+
+    (table,) = plotting.heatmap_tables(view)
+
+    assert list(table.mean.index) == ["none", "large_gradient"]
+    assert list(table.mean.columns) == ["fc", "global"]
+    expected = [[85.0, 60.0], [80.0, 15.0]]
+    assert table.mean.to_numpy().ravel().tolist() == pytest.approx(sum(expected, []))
+    assert table.runs.to_numpy().tolist() == [[2, 2], [2, 2]]
+    figure = plotting.heatmap_figure(view, [table])
+    try:
+        texts = {(round(t.get_position()[1] - 0.5), round(t.get_position()[0] - 0.5)): t.get_text()
+                 for t in figure.axes[0].texts}
+    finally:
+        plt.close(figure)
+    assert texts == {(0, 0): "85.0", (0, 1): "60.0", (1, 0): "80.0", (1, 1): "15.0"}
+
+
+def test_final_value_is_each_runs_last_recorded_round(tmp_path):
+    """Rows out of round order, and runs of different lengths: each run's final value
+    is the one at its own largest round."""
+    rows = store_rows({("none", "fc", 0, 0): 0.6, ("none", "fc", 1, 0): 0.4}, rounds=4)
+    rows = [r for r in rows if not (r["seed"] == 1 and r["round"] == 4)]  # seed 1 stopped at round 2 (0.2)
+    write_csv(tmp_path / "results.csv", list(reversed(rows)), columns=list(rows[0]))
+    view = view_of(tmp_path)
+
+    final = plotting.final_values(view).set_index("seed")["value"]
+
+    assert final.to_dict() == pytest.approx({0: 60.0, 1: 20.0})
+    (table,) = plotting.heatmap_tables(view)
+    assert table.mean.loc["none", "fc"] == pytest.approx(40.0)
+
+
+def test_missing_combination_is_blank_and_a_diverged_run_reads_inf(tmp_path):
+    rows = store_rows({("none", "fc", 0, 0): 0.5, ("none", "global", 0, 0): 0.5,
+                       ("large_gradient", "fc", 0, 0): 0.5})
+    rows = [r for r in rows if r["metric"] == "test_loss"]  # 1 / (1 + round)
+    for row in rows:
+        if row["method"] == "global" and row["round"] == 4:
+            row["value"] = float("inf")
+    write_csv(tmp_path / "results.csv", rows)
+    view = view_of(tmp_path, "test_loss")
+    (table,) = plotting.heatmap_tables(view)
+    assert table.runs.loc["large_gradient", "global"] == 0
+
+    figure = plotting.heatmap_figure(view, [table])
+    try:
+        texts = sorted(t.get_text() for t in figure.axes[0].texts)
+    finally:
+        plt.close(figure)
+    assert texts == sorted(["0.2", "0.2", "inf"])  # three runs, 1 / (1 + 4) each but the diverged one
+
+
+def test_shown_fraction_is_the_most_common_and_the_largest_on_a_tie(tmp_path):
+    finals = {
+        ("large_gradient", "fc", 0, 2): 0.5, ("large_gradient", "fc", 1, 2): 0.5,  # 2 runs at 0.1
+        ("large_gradient", "fc", 0, 4): 0.5,                                       # 1 run at 0.2
+        ("none", "fc", 0, 0): 0.5, ("none", "fc", 0, 4): 0.5,                      # tie: 0.0 and 0.2
+    }
+    write_csv(tmp_path / "results.csv", store_rows(finals))
+    view = view_of(tmp_path)
+
+    shown = plotting.shown_fractions(view.frame).set_index("attack")["fraction"].to_dict()
+
+    assert shown == pytest.approx({"large_gradient": 0.1, "none": 0.2})
+
+
+def test_percent_only_for_accuracies_held_as_fractions(tmp_path):
+    rows = store_rows({("none", "fc", 0, 0): 0.5}, metric="accuracy")
+    write_csv(tmp_path / "a" / "results.csv", rows)
+    assert view_of(tmp_path / "a").percent
+    already_percent = [{**r, "value": r["value"] * 100} if r["metric"] == "accuracy" else r for r in rows]
+    write_csv(tmp_path / "b" / "results.csv", already_percent)
+    view = view_of(tmp_path / "b")
+    assert not view.percent and view.frame["value"].max() == pytest.approx(50.0)
+
+
+def test_default_metric_prefers_test_accuracy_then_param_error_then_the_first(tmp_path):
+    def metric_of(metrics: list[str]) -> str:
+        rows = [{"method": "fc", "seed": 0, "round": 0, "metric": m, "value": 1.0} for m in metrics]
+        write_csv(tmp_path / "history.csv", rows)
+        return plotting.choose_metric(plotting.load_results(tmp_path))
+
+    assert metric_of(["train_loss", "param_error", "accuracy", "test_accuracy"]) == "test_accuracy"
+    assert metric_of(["train_loss", "param_error", "accuracy"]) == "accuracy"
+    assert metric_of(["train_loss", "param_error"]) == "param_error"
+    assert metric_of(["train_loss", "ari"]) == "train_loss"
+
+
+def test_column_roles(tmp_path):
+    """Method options join the defense label, attack options the attack label; count
+    axes and unlabelled byzantine tables become the fraction; a labelled placement and
+    task options are settings; error cells and cell_seconds rows are dropped."""
+    base = {"cell": "c", "attack": "bit_flip", "attack.source": "client", "method": "fc", "method.lr": "0.1",
+            "seed": 0, "byzantine.total": 5, "byzantine": "paper text", "task.kind": "rotation",
+            "n_clients": 50, "n_byzantine": 5, "status": "ok", "error": "", "round": 1, "metric": "accuracy",
+            "value": 0.5, "final": True}
+    failed = {**base, "cell": "d", "status": "error", "error": "ValueError: x", "round": "", "metric": "cell_seconds",
+              "value": 0.1}
+    write_csv(tmp_path / "results.csv", [base, {**base, "metric": "cell_seconds"}, failed])
+
+    frame = plotting.load_results(tmp_path).frame
+
+    assert len(frame) == 1
+    row = frame.iloc[0]
+    assert row["defense"] == "fc, method.lr=0.1"
+    assert row["attack"] == "bit_flip, attack.source=client"
+    assert row["setting"] == "byzantine=paper text, task.kind=rotation"
+    assert row["fraction"] == pytest.approx(0.1)
+    unlabelled = {**base, "byzantine": '{"total": 5}'}
+    write_csv(tmp_path / "results.csv", [unlabelled])
+    assert plotting.load_results(tmp_path).frame.iloc[0]["setting"] == "task.kind=rotation"
+
+
+def test_grid_without_attack_axis_names_the_attack_from_grid_json(tmp_path):
+    rows = [{k: v for k, v in r.items() if k != "attack"} for r in store_rows({("x", "fc", 0, 0): 0.5})]
+    write_csv(tmp_path / "results.csv", rows)
+    assert set(plotting.load_results(tmp_path).frame["attack"]) == {plotting.NO_ATTACK_RECORDED}
+    grid = {"cells": {rows[0]["cell"]: {"axes": {}, "config": {"attack": {"name": "sign_flip"}}}}}
+    (tmp_path / "grid.json").write_text(json.dumps(grid))
+    assert set(plotting.load_results(tmp_path).frame["attack"]) == {"sign_flip"}
+
+
+# -- bad input -------------------------------------------------------------------------------
+def test_bad_input_exits_2_naming_the_problem(tmp_path, capsys):
+    write_csv(tmp_path / "store" / "results.csv", store_rows(FINALS))
+    errored = [{**r, "status": "error"} for r in store_rows(FINALS)]
+    write_csv(tmp_path / "failed" / "results.csv", errored)
+    write_csv(tmp_path / "other.csv", [{"a": 1, "b": 2}])
+    (tmp_path / "empty").mkdir()
+    cases = {
+        (str(tmp_path / "nowhere"),): "no such file or directory",
+        (str(tmp_path / "empty"),): "neither results.csv nor history.csv",
+        (str(tmp_path / "failed"),): "no rows to plot",
+        (str(tmp_path / "other.csv"),): "found a, b",
+        (str(tmp_path / "store"), "--metric", "acc"): "--metric 'acc': not in",
+    }
+    for arguments, message in cases.items():
+        assert main(["plot", *arguments]) == 2, arguments
+        error = capsys.readouterr().err
+        assert message in error, (arguments, error)
+    assert "available: test_accuracy, test_loss" in error
+    assert not (tmp_path / "store" / "plots").exists()
+
+
+def test_non_numeric_value_names_the_column(tmp_path):
+    rows = store_rows({("none", "fc", 0, 0): 0.5})
+    rows[0]["value"] = "high"
+    write_csv(tmp_path / "results.csv", rows)
+    with pytest.raises(ConfigError, match="column 'value' holds 'high', not a number"):
+        plotting.load_results(tmp_path)
+
+
+def test_write_files_stages_everything_before_moving(tmp_path):
+    """A file that fails while staged leaves the previous set whole, no temporaries."""
+    write_files(tmp_path, {"a.txt": "old a", "b.txt": "old b"})
+
+    def broken(path: Path) -> None:
+        raise RuntimeError("cannot draw")
+
+    with pytest.raises(RuntimeError):
+        write_files(tmp_path, {"a.txt": "new a", "b.txt": broken})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
+    assert (tmp_path / "a.txt").read_text() == "old a"
