@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -98,7 +100,9 @@ class LocalBackend:
             return
         if self._pool is None:
             context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
+            )
         pending: dict[Future[CellOutcome], CellTask] = {self._pool.submit(execute_cell, t): t for t in tasks}
         try:
             while pending:
@@ -113,6 +117,20 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def exit_with_parent(parent: int, interval: float = 0.5) -> None:
+    """Pool worker initializer: end this worker once process ``parent`` (the grid's)
+    is gone.  A killed grid process stops no worker itself; left running, a worker
+    would finish its cell for nobody, then idle forever, and a rerun's worker would
+    race it for the cell's checkpoint file."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _outcome(future: Future[CellOutcome], task: CellTask) -> CellOutcome:

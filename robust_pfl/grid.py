@@ -59,7 +59,7 @@ class ResultsStore:
             self.columns = ["cell", *axes, *TAIL]
             atomic_write_text(self.path, _csv_line(self.columns))
             return
-        text = self.path.read_text(encoding="utf-8")
+        text = _store_text(self.path)
         header, blocks, foreign = _scan(text, self.path)
         if foreign:
             warnings.warn(
@@ -122,6 +122,13 @@ def _fields(line: str) -> list[str] | None:
         return next(csv.reader([line]), None)
     except csv.Error:
         return None
+
+
+def _store_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path} is not a grid results store (not UTF-8 text: {error.reason})") from None
 
 
 def _scan(text: str, path: Path) -> tuple[list[str], list[list[dict[str, str]]], list[int]]:
@@ -253,9 +260,10 @@ def _exclusive(out: Path) -> Iterator[None]:
         yield
 
 
-def read_results(path: Path) -> "pandas.DataFrame":
+def read_results(path: Path, **read_csv: Any) -> "pandas.DataFrame":
     """The store at ``path`` (an OUT directory or its ``results.csv``) as a DataFrame:
-    complete blocks only, so a store that a kill left mid-write reads cleanly too."""
+    complete blocks only, so a store that a kill left mid-write reads cleanly too.
+    ``read_csv``: options for :func:`pandas.read_csv` (``dtype=str``)."""
     import pandas
 
     path = Path(path)
@@ -263,8 +271,8 @@ def read_results(path: Path) -> "pandas.DataFrame":
         path = path / STORE
     if not path.exists():
         raise FileNotFoundError(f"no grid results store at {path}")
-    header, blocks, _ = _scan(path.read_text(encoding="utf-8"), path)
-    return pandas.read_csv(io.StringIO(_table_text(header, blocks)))
+    header, blocks, _ = _scan(_store_text(path), path)
+    return pandas.read_csv(io.StringIO(_table_text(header, blocks)), **read_csv)
 
 
 def grid_results(out: Path, grid: Grid) -> "pandas.DataFrame":

@@ -20,6 +20,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -161,8 +162,8 @@ def _resources(table: Any, problems: list[tuple[str, str]]) -> Resources:
         if key not in ("cpus", "gpus"):
             allowed = ["cpus", "gpus"]
             problems.append((f"{RESOURCES}.{key}", f"unknown key{did_you_mean(key, allowed)}; allowed: {allowed}"))
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-            problems.append((f"{RESOURCES}.{key}", f"must be a number >= 0, got {value!r}"))
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            problems.append((f"{RESOURCES}.{key}", f"must be a finite number >= 0, got {value!r}"))
         else:
             values[key] = float(value)
     if values.get("cpus", 1.0) == 0:

@@ -123,12 +123,18 @@ def results_file(path: str | Path) -> Path:
 
 def load_results(path: str | Path) -> Results:
     """Read a grid store or a run history into :class:`Results` (ok rows only)."""
+    from robust_pfl.grid import read_results
+
     source = results_file(path)
+    options: dict[str, Any] = {"dtype": str, "keep_default_na": False}
     try:
-        raw = pd.read_csv(source, dtype=str, keep_default_na=False)
+        raw = pd.read_csv(source, nrows=0)
+        grid = {"cell", "status", "n_clients", "n_byzantine"} <= set(raw.columns)
+        # a grid store's complete cell blocks only: what a kill cut is no run's result
+        raw = read_results(source, **options) if grid else pd.read_csv(source, **options)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as error:
         raise ConfigError(f"RESULTS {source}: not a readable CSV ({error})") from error
-    if {"cell", "status", "n_clients", "n_byzantine"} <= set(raw.columns):
+    if grid:
         frame, kind = _grid_frame(raw, source), "grid"
     elif set(BASE_COLUMNS) <= set(raw.columns):
         frame, kind = _history_frame(raw, source), "run"

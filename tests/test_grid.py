@@ -177,6 +177,20 @@ def test_a_block_cut_by_a_kill_is_dropped_and_its_cell_runs_once_more(tmp_path, 
     assert len(frame[frame["cell"] == grid.cells[-1].cell]) == len(last_block)
 
 
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00binary", b"cell,status\n"])
+def test_a_file_that_is_no_store_is_a_config_error_naming_it(tmp_path, monkeypatch, content):
+    """An empty, binary or foreign results.csv stops the grid before any cell runs
+    (``robust-pfl grid`` exits 2 on a ConfigError), and readers refuse it alike."""
+    calls: list = []
+    fake_runs(monkeypatch, calls)
+    (tmp_path / "results.csv").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"results\.csv is not a grid results store"):
+        run_grid(expand_grid(grid_data(), "g"), tmp_path)
+    with pytest.raises(ConfigError, match=r"results\.csv is not a grid results store"):
+        read_results(tmp_path)
+    assert calls == [] and (tmp_path / "results.csv").read_bytes() == content
+
+
 def test_duplicate_cells_are_refused(tmp_path):
     grid = expand_grid(grid_data(), "g")
     twice = type(grid)(grid.source, grid.columns, grid.cells + grid.cells[:1], grid.resources)
@@ -272,54 +286,6 @@ def test_make_backend_names_what_is_wrong(monkeypatch):
 
 
 # -- the attack-table shortcut runs grid files -----------------------------------------------
-TINY_TABLE = """seeds = [0]
-rounds = 300
-eval_every = 300
-dtype = "float64"
-[task]
-clusters = 1
-clients_per_cluster = 6
-[byzantine]
-total = 2
-[[methods]]
-label = "mean"
-name = "global"
-lr = 0.01
-heavy_ball = 0.9
-[[methods]]
-label = "median"
-name = "global"
-aggregator = "median"
-lr = 0.01
-heavy_ball = 0.9
-[grid]
-attack = [{ name = "none" }, { name = "large_gradient" }]
-"""
-
-
-def test_attack_table_runs_its_grid_file_and_a_rerun_runs_nothing(tmp_path, monkeypatch):
-    from robust_pfl.recipes import attack_table
-
-    (tmp_path / "attack_table.toml").write_text(TINY_TABLE)
-    monkeypatch.setattr(attack_table, "CONFIGS", tmp_path)
-    tiny = attack_table.Table("attack_table.toml", attack_table.Mode(100, 1), "relative_error")
-    monkeypatch.setattr(attack_table, "TABLES", {"synthetic": tiny})
-    out = tmp_path / "out"
-    summary = attack_table.main(out, quick=True)
-    table = summary["tables"]["synthetic"]
-    assert table["rounds"] == 100 and len(table["values"]) == 4
-    # an undefended mean under N(1e6, 200^2) gradients diverges; the median ignores 2 of 8
-    assert table["breaks"] == ["large_gradient | mean"]
-    assert table["values"]["large_gradient | mean"] > 1e6 * table["values"]["large_gradient | median"]
-    text = (out / "attack_table.md").read_text()
-    assert text.startswith("Quick mode") and "| large_gradient | " in text
-    assert set(pd.read_csv(out / "history.csv")["attack"]) == {"none", "large_gradient"}
-    calls: list = []
-    real = experiments.run_cell_config
-    monkeypatch.setattr(experiments, "run_cell_config", lambda *a, **k: calls.append(a) or real(*a, **k))
-    assert attack_table.main(out, quick=True)["tables"]["synthetic"]["values"] == table["values"] and calls == []
-
-
 def test_attack_table_quick_mode_overrides_rounds_and_seeds_of_the_shipped_files():
     from robust_pfl.recipes import attack_table
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,15 @@ def test_resources_are_read_and_checked():
     assert Resources(0.5).threads == 1 and Resources(3.0).threads == 3
     with pytest.raises(ConfigError, match=r"resources\.cpu: unknown key \(did you mean 'cpus'\?\)"):
         expand_grid(base(resources={"cpu": 2}), "g")
+
+
+@pytest.mark.parametrize("field", ["cpus", "gpus"])
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1.0])
+def test_non_finite_or_negative_resources_are_refused_naming_the_field(field, value):
+    """TOML writes ``inf`` and ``nan``: neither is a CPU count (``int(inf)`` has no
+    thread count) nor a reservation Ray can make."""
+    with pytest.raises(ConfigError, match=rf"resources\.{field}: must be a finite number >= 0"):
+        expand_grid(base(resources={field: value}), "g")
 
 
 # -- bad grids: rejected before any cell runs, naming the field --------------------------------

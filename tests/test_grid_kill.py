@@ -109,3 +109,45 @@ def test_killed_grid_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
     for cell, rows in seen.items():
         pd.testing.assert_frame_equal(finished_blocks(out)[cell], rows)
     pd.testing.assert_frame_equal(comparable(frame), comparable(pd.read_csv(reference / "results.csv")))
+
+
+POOL_KILLED = """
+import os, signal, threading, time
+from robust_pfl.backends import CellTask, LocalBackend
+config = {"seeds": [0], "rounds": 10**6, "task": {"clusters": 1, "clients_per_cluster": 2},
+          "methods": [{"name": "local"}]}
+backend = LocalBackend(jobs=2)
+tasks = [CellTask(str(i), config, "busy cell", None, 1) for i in range(2)]
+threading.Thread(target=lambda: next(backend.map_unordered(tasks)), daemon=True).start()
+while backend._pool is None or len(backend._pool._processes) < 2:
+    time.sleep(0.05)
+print(*backend._pool._processes, flush=True)
+time.sleep(2.0)  # the workers are busy with their cells
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an exited one not yet reaped counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_pool_workers_end_with_a_killed_grid_process():
+    """``--jobs N``: SIGKILL of the grid's process leaves no worker running its cell
+    for nobody (nor idling afterwards, nor racing a rerun for the cell's checkpoint)."""
+    process = subprocess.Popen([sys.executable, "-c", POOL_KILLED], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    with process.stdout:  # the workers inherit the pipe: read the line, not to its end
+        workers = [int(pid) for pid in process.stdout.readline().split()]
+    try:
+        assert process.wait(timeout=120) == -signal.SIGKILL and len(workers) == 2
+        deadline = time.monotonic() + 15
+        while any(map(alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(alive, workers)), "pool workers outlived the grid process"
+    finally:
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)

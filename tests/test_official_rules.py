@@ -206,7 +206,7 @@ def test_kmeans_fit_agrees_with_scikit_learn_and_lloyd_does_not():
     optimal inertia (brute force), the radii agree; the cases where they differ must
     be cases where scikit-learn's inertia is above the optimum (its restarts missed
     it; about 4% of such cases in a 200-case trial, at most 4 of these 40 allowed).
-    Today's default ``lloyd`` fit (one Lloyd sequence from fixed starts) is more than
+    The default ``lloyd`` fit (one Lloyd sequence from fixed starts) is more than
     5% off the optimal radius on at least a fifth of them (about a third measured)."""
     from sklearn.cluster import KMeans
 
@@ -311,7 +311,7 @@ def test_client_model_bit_flip_sends_minus_the_clients_own_gradient_to_every_rec
     """Every Byzantine row delivered to every receiver (in every subgroup) is
     ``-g_c(x_c)``: client c's least-squares gradient (by hand) at its own model on
     this round's batch.  Checked in round 3, when the clients' models differ, where
-    today's ``"client"`` source sends ``-g_c(x_i)``, a different row per receiver."""
+    the ``"client"`` source sends ``-g_c(x_i)``, a different row per receiver."""
     c = 5
     fed, models, batch, deliveries = _delivered_rounds("client_model", c, groups=groups)
     assert not torch.allclose(models[0], models[1])  # the receivers' models differ

@@ -157,8 +157,11 @@ def test_final_value_is_each_runs_last_recorded_round(tmp_path):
     """Rows out of round order, and runs of different lengths: each run's final value
     is the one at its own largest round."""
     rows = store_rows({("none", "fc", 0, 0): 0.6, ("none", "fc", 1, 0): 0.4}, rounds=4)
-    rows = [r for r in rows if not (r["seed"] == 1 and r["round"] == 4)]  # seed 1 stopped at round 2 (0.2)
-    write_csv(tmp_path / "results.csv", list(reversed(rows)), columns=list(rows[0]))
+    rows = [r for r in rows if not (r["seed"] == 1 and r["round"] == 4) or r["metric"] == "cell_seconds"]
+    # seed 1 stopped at round 2 (0.2); each block's rows reversed, its cell_seconds row kept last
+    blocks = [[r for r in rows if r["seed"] == seed] for seed in (0, 1)]
+    rows = [r for block in blocks for r in [*reversed(block[:-1]), block[-1]]]
+    write_csv(tmp_path / "results.csv", rows, columns=list(rows[0]))
     view = view_of(tmp_path)
 
     final = plotting.final_values(view).set_index("seed")["value"]
@@ -171,7 +174,7 @@ def test_final_value_is_each_runs_last_recorded_round(tmp_path):
 def test_missing_combination_is_blank_and_a_diverged_run_reads_inf(tmp_path):
     rows = store_rows({("none", "fc", 0, 0): 0.5, ("none", "global", 0, 0): 0.5,
                        ("large_gradient", "fc", 0, 0): 0.5})
-    rows = [r for r in rows if r["metric"] == "test_loss"]  # 1 / (1 + round)
+    rows = [r for r in rows if r["metric"] in ("test_loss", "cell_seconds")]  # 1 / (1 + round)
     for row in rows:
         if row["method"] == "global" and row["round"] == 4:
             row["value"] = float("inf")
@@ -245,7 +248,7 @@ def test_column_roles(tmp_path):
     assert row["setting"] == "byzantine=paper text, task.kind=rotation"
     assert row["fraction"] == pytest.approx(0.1)
     unlabelled = {**base, "byzantine": '{"total": 5}'}
-    write_csv(tmp_path / "results.csv", [unlabelled])
+    write_csv(tmp_path / "results.csv", [unlabelled, {**unlabelled, "metric": "cell_seconds"}])
     assert plotting.load_results(tmp_path).frame.iloc[0]["setting"] == "task.kind=rotation"
 
 
@@ -278,6 +281,18 @@ def test_bad_input_exits_2_naming_the_problem(tmp_path, capsys):
         assert message in error, (arguments, error)
     assert "available: test_accuracy, test_loss" in error
     assert not (tmp_path / "store" / "plots").exists()
+
+
+def test_a_block_cut_by_a_kill_is_not_plotted(tmp_path):
+    """A killed grid leaves its running cell's rows without their ``cell_seconds`` row,
+    the last line cut mid-value: that cell is no result (its rerun replaces it)."""
+    finished = store_rows({("none", "fc", 0, 2): 0.9})
+    cut = [{**row, "cell": "f" * 16, "seed": 1} for row in store_rows({("none", "fc", 1, 2): 0.5})[:-1]]
+    path = write_csv(tmp_path / "results.csv", finished + cut)
+    text = path.read_text()
+    path.write_text(text[: text.rindex(",0.5,") + 3])  # the final 0.5 cut to "0."
+    frame = plotting.load_results(tmp_path).frame
+    assert set(frame["run"]) == {finished[0]["cell"]} and set(frame["seed"]) == {0}
 
 
 def test_non_numeric_value_names_the_column(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from robust_pfl.cli import build_parser
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import validate
+from robust_pfl.grid_file import expand_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -26,7 +27,27 @@ def toml_blocks(text: str) -> list[dict]:
 
 
 def whole_configs(text: str) -> list[dict]:
-    return [block for block in toml_blocks(text) if "methods" in block]
+    return [block for block in toml_blocks(text) if "methods" in block and "grid" not in block]
+
+
+def test_readme_grid_examples_expand_and_validate():
+    """A ```toml block with a [grid] table is a grid file: every cell validates, and
+    the cells are the product of its axes (methods x seeds x each [grid] list)."""
+    grids = [block for block in toml_blocks(README.read_text()) if "grid" in block]
+    assert grids, "the README shows no grid file"
+    for data in grids:
+        grid = expand_grid(data, "README grid example")
+        count = len(data["methods"]) * len(data.get("seeds", [0]))
+        for values in _lists(data["grid"]):
+            count *= len(values)
+        assert len(grid.cells) == count
+
+
+def _lists(table: dict) -> list[list]:
+    out = []
+    for value in table.values():
+        out.extend(_lists(value) if isinstance(value, dict) else [value])
+    return out
 
 
 def test_readme_whole_config_examples_validate():

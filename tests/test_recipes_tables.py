@@ -7,6 +7,7 @@ import json
 
 import pandas as pd
 
+from robust_pfl import experiments
 from robust_pfl.recipes import attack_table, table1
 
 
@@ -76,6 +77,13 @@ def test_attack_table_tiny(tmp_path, monkeypatch):
     assert error["large_gradient | mean"] > 1e6 * error["large_gradient | median"]
     written = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert written["tables"]["synthetic"]["breaks"] == table["breaks"]
+    text = (tmp_path / "out" / "attack_table.md").read_text()
+    assert text.startswith("Quick mode") and "| large_gradient | " in text
+    assert set(pd.read_csv(tmp_path / "out" / "history.csv")["attack"]) == {"none", "large_gradient", "constant(nan)"}
+    calls: list = []  # a rerun finds every cell in the store and runs none
+    real = experiments.run_cell_config
+    monkeypatch.setattr(experiments, "run_cell_config", lambda *a, **k: calls.append(a) or real(*a, **k))
+    assert attack_table.main(tmp_path / "out", quick=True)["tables"]["synthetic"]["values"] == error and calls == []
 
 
 def test_table1_exit_status_follows_the_orderings(tmp_path, monkeypatch):
