@@ -299,8 +299,8 @@ def plot(frame: pd.DataFrame, dataset: str) -> Any:
         axis.set_ylim(0, 100)
         axis.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    figure.suptitle(f"Werner et al. Fig. 6 on {dataset}, private label; solid: Byzantine clients in total "
-                    "(official run), dashed: per cluster (paper text)")
+    figure.suptitle(f"Werner et al. Fig. 6 on {dataset}, private label\nsolid: Byzantine clients in total "
+                    "(official run); dashed: per cluster (paper text)", fontsize=10)
     figure.tight_layout()
     return figure
 
@@ -325,11 +325,14 @@ def main(
     # every requested panel must have been checked: an errored cell fails the claim
     holds = not errors and len(claim_rows) == len(panels) and all(c["fc_holds"] and c["beats_global"] for c in claim_rows)
     dataset = "MNIST" if data_dir is not None else "embedded digits (reduced scale, no paper numbers)"
+    lengths = ", ".join(
+        f"{panel.replace('_', ' ')} {panel_steps(panel, scale, quick)} steps"
+        + (" (quick: the first 10 official epochs)" if quick and panel == "bit_flip" else "")
+        for panel in panels
+    )
     header = (
         f"Fig. 6 on {dataset}: final honest test accuracy (%), {scale.clients_per_cluster} honest clients per "
-        f"cluster, K = 4; bit flip {panel_steps('bit_flip', scale, quick)} steps"
-        f"{' (quick: the first 10 official epochs)' if quick else ''}, large gradient "
-        f"{scale.large_gradient_steps} steps. {seconds:.0f} s in this call."
+        f"cluster, K = 4; {lengths}. {seconds:.0f} s in this call."
     )
     figure = plot(frame, "MNIST" if data_dir is not None else "the embedded digits")
     summary = {
