@@ -145,43 +145,32 @@ def base(scale: Scale, data_dir: str | None, steps: int) -> dict[str, Any]:
 
 
 def grids(scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ...]) -> list[Grid]:
-    """One grid per (panel, placement) plus the no-attack reference at the longest
-    panel's length (its history gives FC and Global without Byzantine clients at every step)."""
+    """One grid per (panel, placement) plus the reference without Byzantine clients at
+    the longest panel's length (its history gives FC and Global at every step).  The
+    panel and the placement name the cells through the ``label`` of their one-value
+    ``attack`` and ``byzantine`` axes, so they are columns of the store."""
     honest = 4 * scale.clients_per_cluster
-    out = []
     longest = max(panel_steps(panel, scale, quick) for panel in panels)
-    reference = {**base(scale, data_dir, longest), "methods": methods(0, honest, with_aggregators=False)}
-    reference["grid"] = {"panel": ["reference"]}
-    out.append(expand_grid(_with_panel(reference), "fig6 reference"))
+    reference = {
+        **base(scale, data_dir, longest),
+        "methods": methods(0, honest, with_aggregators=False),
+        "grid": {"attack": [{"name": "none", "label": "reference"}]},
+    }
+    out = [expand_grid(reference, "fig6 reference")]
     for panel in panels:
         steps = panel_steps(panel, scale, quick)
         for name in PLACEMENTS:
             byzantine = scale.byzantine if name == "official" else 4 * scale.byzantine
             config = {
                 **base(scale, data_dir, steps),
-                "byzantine": placement(name, scale),
-                "attack": ATTACKS[panel],
                 "methods": methods(byzantine, honest + byzantine),
-                "grid": {"panel": [panel], "placement": [name]},
+                "grid": {
+                    "attack": [{**ATTACKS[panel], "label": panel}],
+                    "byzantine": [{**placement(name, scale), "label": name}],
+                },
             }
-            out.append(expand_grid(_with_panel(config), f"fig6 {panel} {name}"))
+            out.append(expand_grid(config, f"fig6 {panel} {name}"))
     return out
-
-
-def _with_panel(config: dict[str, Any]) -> dict[str, Any]:
-    """``panel`` and ``placement`` are labels, not config fields: they ride on the
-    attack table's ``label`` so they appear as columns without changing a run."""
-    labels = config.pop("grid")
-    attack = config.get("attack", {"name": "none"})
-    grid: dict[str, Any] = {"attack": [{**attack, "label": labels["panel"][0]}]}
-    if "placement" in labels:
-        grid["byzantine"] = _labelled_byzantine(config.pop("byzantine"), labels["placement"][0])
-    config.pop("attack", None)
-    return {**config, "grid": grid}
-
-
-def _labelled_byzantine(byzantine: dict[str, int], name: str) -> list[dict[str, Any]]:
-    return [{**byzantine, "label": name}]
 
 
 def merged(parts: list[Grid], source: str) -> Grid:
