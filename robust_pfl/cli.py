@@ -40,11 +40,19 @@ def _reproduce(args: argparse.Namespace) -> int:
     if args.figure == "fig6":
         from robust_pfl.recipes import fig6
 
+        if args.seeds is not None:
+            print("error: --seeds does not apply to fig6 (one seed, as the official run)", file=sys.stderr)
+            return 2
+
         panels = fig6.PANELS if args.panel == "both" else (args.panel,)
         with _backend(args, None) as backend:
             return fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend)
     if args.data_dir is not None:
         print(f"error: --data-dir applies to table1 and fig6 only ({args.figure} uses synthetic data)", file=sys.stderr)
+        return 2
+    if args.jobs is not None or args.backend != "local" or args.address is not None:
+        print(f"error: --jobs, --backend and --address apply to the grids of table1 and fig6, not {args.figure}",
+              file=sys.stderr)
         return 2
     if args.figure == "fig2":
         from robust_pfl.recipes import fig2 as recipe

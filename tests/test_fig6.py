@@ -114,3 +114,12 @@ def test_an_errored_cell_fails_the_figure(tmp_path, monkeypatch, single_thread):
     assert fig6.main(tmp_path, quick=True, panels=("large_gradient",)) == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert not summary["holds"] and "RuntimeError: boom" in (tmp_path / "fig6.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [(["fig6", "--seeds", "2"], "--seeds"), (["fig3", "--jobs", "2"], "--jobs"), (["fig7", "--backend", "ray"], "--backend")],
+)
+def test_options_a_recipe_does_not_take_are_refused(args, named, capsys):
+    assert cli.main(["reproduce", *args]) == 2
+    assert named in capsys.readouterr().err
