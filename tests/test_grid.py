@@ -250,6 +250,35 @@ def test_checkpointed_cells_store_the_same_rows_and_leave_no_checkpoint(tmp_path
     pd.testing.assert_frame_equal(comparable(with_checkpoints), comparable(read_results(tmp_path / "plain")))
 
 
+def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch):
+    """A cell that fails after its checkpoint at round 2 is recorded as errored and
+    keeps its checkpoint; the rerun steps only rounds 2-5 and stores what an
+    uninterrupted run stores."""
+    from robust_pfl.federation import Federation
+
+    one_cell = {"seeds": [0], "methods": [{"name": "fc", "lr": 0.05, "heavy_ball": 0.9}],
+                "grid": {"attack": [{"name": "large_gradient"}], "byzantine": {"total": [2]}}}
+    grid = expand_grid(grid_data(rounds=6, checkpoint_every=2, **one_cell), "g")
+    run_grid(grid, tmp_path / "whole")
+    batches, real = [], Federation.sample_batch
+
+    def sample_batch(self, *args, **kwargs):
+        batches.append(1)
+        if len(batches) == 4 and failing:
+            raise RuntimeError("interrupted in round 3")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Federation, "sample_batch", sample_batch)
+    failing = True
+    first = run_grid(grid, tmp_path / "resumed")
+    assert first["errors"] == 1 and "interrupted in round 3" in next(iter(first["errored"].values()))
+    assert [path.name for path in (tmp_path / "resumed" / "checkpoints").iterdir()] == [f"{grid.cells[0].cell}.pt"]
+    failing, batches[:] = False, []
+    second = run_grid(grid, tmp_path / "resumed")
+    assert second["errors"] == 0 and len(batches) == 4  # rounds 2, 3, 4 and 5 only
+    pd.testing.assert_frame_equal(comparable(read_results(tmp_path / "resumed")), comparable(read_results(tmp_path / "whole")))
+
+
 def test_a_second_run_on_the_same_out_is_refused(tmp_path):
     with open(tmp_path / ".lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
