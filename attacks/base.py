@@ -19,6 +19,10 @@ the honest vectors of Byzantine senders; see :func:`reads_messages`.  Such an at
 also offer ``write_rows(rows, context)``, which writes exactly the rows ``__call__``
 would return into ``rows`` in place (a view into the engine's workspace: no fresh
 allocation per delivery).
+
+An attack that reads only the honest senders' rows (bit flip of an honest client's
+gradient) may declare ``reads_own_rows = False``: engines then skip the Byzantine
+senders' honest vectors too, but hand the attack the honest rows as usual.
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ class BitFlip:
       ``c``'s row already is ``g_c(x_c)`` and it is the same as ``"client"``;
     * ``"mean"``: the honest mean of every leading block.
 
-    Every source but ``"own"`` reads honest vectors (``needs = {"omniscient"}``).
+    Every source but ``"own"`` reads honest vectors (``needs = {"omniscient"}``) and
+    only those (``reads_own_rows`` is false), so engines skip the Byzantine senders'
+    honest gradients.
     """
 
     name: ClassVar[str] = "bit_flip"
@@ -54,6 +56,10 @@ class BitFlip:
         require_choice(self.name, "source", self.source, SOURCES)
         require_int(self.name, "client", self.client, low=0)
         require_finite(self.name, "scale", self.scale)
+
+    @property
+    def reads_own_rows(self) -> bool:
+        return self.source == "own"
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         if self.source == "own":

@@ -21,7 +21,14 @@ from torch import Tensor
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.objectives import Objective
 from robust_pfl.seeding import generator as make_generator
-from robust_pfl.types import Attack, AttackContext, MessageKind, attack_forges_losses, attack_reads_messages
+from robust_pfl.types import (
+    Attack,
+    AttackContext,
+    MessageKind,
+    attack_forges_losses,
+    attack_reads_messages,
+    attack_reads_own_rows,
+)
 
 
 @dataclass
@@ -111,9 +118,13 @@ class Federation:
     def byzantine_rows_read(self) -> bool:
         """Whether the honest values of Byzantine senders' messages can matter: with no
         attack they are sent as they are; an attack that declares
-        ``reads_messages = False`` overwrites them unread, so an engine may skip
-        computing them."""
-        return self.attack is None or attack_reads_messages(self.attack)
+        ``reads_messages = False`` overwrites them unread, and one that declares
+        ``reads_own_rows = False`` reads only the honest senders' rows, so an engine may
+        skip computing them (not when no client is honest: the attack's reference rows
+        are then its own)."""
+        if self.attack is None or not bool(self.honest.any()):
+            return True
+        return attack_reads_own_rows(self.attack)
 
     def honest_first(self, clients: Tensor) -> Tensor:
         """``clients`` reordered with the honest ones first (stable within each part)."""

@@ -69,6 +69,14 @@ def attack_reads_messages(attack: Attack) -> bool:
     return bool(getattr(attack, "reads_messages", True))
 
 
+def attack_reads_own_rows(attack: Attack) -> bool:
+    """Whether ``attack``'s output may depend on the Byzantine senders' own honest
+    rows: ``False`` when it reads no message at all, or declares
+    ``reads_own_rows = False`` (it reads only the honest senders' rows, e.g. bit flip
+    of an honest client's gradient); ``True`` otherwise."""
+    return attack_reads_messages(attack) and bool(getattr(attack, "reads_own_rows", True))
+
+
 @dataclass
 class RoundRecord:
     """What one round of an algorithm exposes (for metrics and theory checks).

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 import attacks
 from attacks.statistical import alie_z
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackContext, attack_reads_own_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -189,6 +189,26 @@ def test_an_attack_that_declares_it_reads_no_message_ignores_their_values(name, 
     values = messages(M, S, D)
     garbage = torch.full_like(values, math.nan)
     assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
+
+
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
+def test_an_attack_that_reads_only_honest_rows_ignores_the_byzantine_rows(name, options):
+    """``reads_own_rows = False`` lets engines skip the Byzantine senders' honest
+    vectors (their rows are then garbage), so such an attack's rows must be the same
+    whatever those rows hold."""
+    attack = attacks.build(name, options)
+    if attack_reads_own_rows(attack):
+        return
+    values = messages(M, S, D)
+    garbage = values.clone()
+    garbage[:, BYZANTINE] = math.nan
+    assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
+
+
+def test_bit_flip_reads_its_own_rows_only_from_the_own_source():
+    for source, reads in (("own", True), ("client", False), ("client_model", False), ("mean", False)):
+        assert attack_reads_own_rows(attacks.build("bit_flip", {"source": source})) is reads
+    assert attack_reads_own_rows(object())  # undeclared: assume it reads
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)

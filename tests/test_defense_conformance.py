@@ -252,13 +252,24 @@ def test_federation_data_not_mutated(name):
     assert torch.equal(task.train.targets, before["train.targets"])
 
 
+# Attacks that let engines skip the Byzantine senders' honest gradients: one reads
+# nothing (and draws its rows in place), two read only the honest senders' rows.
+SKIPPING_ATTACKS = {
+    "large_gradient": lambda: attacks.LargeGradient(),
+    "bit_flip_client": lambda: attacks.build("bit_flip", {"source": "client", "client": 1}),
+    "bit_flip_mean": lambda: attacks.build("bit_flip", {"source": "mean"}),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(SKIPPING_ATTACKS))
 @pytest.mark.parametrize("name", METHODS)
-def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name, call_path_attack):
-    """An attack that reads nothing lets engines skip the Byzantine senders' honest
-    gradients and draw its rows in place (this task's Byzantine clients are one
+def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name, attack, call_path_attack):
+    """An attack that reads nothing, or only the honest senders' rows, lets engines
+    skip the Byzantine senders' honest gradients (this task's Byzantine clients are one
     block); the honest models match the run that computes everything."""
-    fed, skipped, _ = run(name, seed=3, attack=attacks.LargeGradient())
-    _, computed, _ = run(name, seed=3, attack=call_path_attack(attacks.LargeGradient(), reads_messages=True))
+    fed, skipped, _ = run(name, seed=3, attack=SKIPPING_ATTACKS[attack]())
+    assert not fed.byzantine_rows_read
+    _, computed, _ = run(name, seed=3, attack=call_path_attack(SKIPPING_ATTACKS[attack](), reads_messages=True))
     honest = ~fed.byzantine
     torch.testing.assert_close(
         skipped.client_models()[honest], computed.client_models()[honest], rtol=1e-10, atol=1e-10
