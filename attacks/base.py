@@ -22,7 +22,10 @@ allocation per delivery).
 
 An attack that reads only the honest senders' rows (bit flip of an honest client's
 gradient) may declare ``reads_own_rows = False``: engines then skip the Byzantine
-senders' honest vectors too, but hand the attack the honest rows as usual.
+senders' honest vectors too, but hand the attack the honest rows as usual.  Such an
+attack may offer ``write_from(messages, rows, context)``, which writes the rows
+``__call__(messages, context)`` would return into ``rows``, the Byzantine block of
+``messages`` itself.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, own_rows
@@ -62,15 +63,26 @@ class BitFlip:
         return self.source == "own"
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return expand_rows(self._flipped(messages, context), messages, context).mul_(-self.scale)
+
+    def write_from(self, messages: Tensor, rows: Tensor, context: AttackContext) -> None:
+        """Write the rows :meth:`__call__` returns into ``rows``, the Byzantine block
+        of ``messages`` (which only the honest-row sources leave unread): one pass, no
+        fresh ``[..., B, d]`` tensor."""
+        if self.reads_own_rows:
+            raise ValueError("bit_flip.write_from: source 'own' reads the rows it would overwrite")
+        flipped = self._flipped(messages, context).to(messages.dtype)
+        torch.mul(flipped.expand(rows.shape), -self.scale, out=rows)
+
+    def _flipped(self, messages: Tensor, context: AttackContext) -> Tensor:
+        """The vector(s) sent negated: ``[..., 1, d]``, or ``[..., B, d]`` for ``"own"``."""
         if self.source == "own":
-            flipped = own_rows(messages, context)
-        elif self.source == "client_model" and context.kind == "cross_gradient":
-            flipped = expand_rows(self._client_model_gradient(messages, context), messages, context)
-        elif self.source in ("client", "client_model"):
-            flipped = expand_rows(client_row(messages, context, self.client), messages, context)
-        else:
-            flipped = expand_rows(honest_mean(messages, context), messages, context)
-        return flipped.mul_(-self.scale)
+            return own_rows(messages, context)
+        if self.source == "client_model" and context.kind == "cross_gradient":
+            return self._client_model_gradient(messages, context)
+        if self.source in ("client", "client_model"):
+            return client_row(messages, context, self.client)
+        return honest_mean(messages, context)
 
     def _client_model_gradient(self, messages: Tensor, context: AttackContext) -> Tensor:
         """``g_c(x_c)`` as a ``[1, d]`` row, from the defense's ``client_gradient``."""

@@ -13,7 +13,7 @@ Everything an algorithm needs from "the clients" goes through :class:`Federation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -250,17 +250,17 @@ class Federation:
             senders=senders,
             defense_state=dict(defense_state or {}),
         )
-        writer = None if attack_reads_messages(self.attack) else getattr(self.attack, "write_rows", None)
+        writer = _row_writer(self.attack)
         if byzantine_only and writer is not None:
             rows = messages.new_empty(*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
-            writer(rows, context)
+            writer(messages, rows, context)
             return rows
         span = None if writer is None else _block_span(byzantine)
         if span is not None:
             # the Byzantine rows are one block and the attack never reads them: it
-            # draws straight into the delivered tensor (no fresh rows, no scatter)
+            # writes straight into the delivered tensor (no fresh rows, no scatter)
             delivered = self._delivery_target(messages, inplace, out)
-            writer(delivered[..., span[0] : span[1], :], context)
+            writer(delivered, delivered[..., span[0] : span[1], :], context)
             return delivered
         malicious = self.attack(messages, context)
         expected = (*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
@@ -279,6 +279,17 @@ class Federation:
         if inplace:
             return messages
         return messages.clone() if out is None else out.copy_(messages)
+
+
+def _row_writer(attack: Attack) -> Callable[[Tensor, Tensor, AttackContext], None] | None:
+    """``(messages, rows, context) -> None`` writing the attack's rows into ``rows``
+    (the Byzantine block, which the attack never reads): its ``write_rows`` when it
+    reads no message, its ``write_from`` when it reads only the honest rows; else
+    ``None``."""
+    if not attack_reads_messages(attack):
+        write_rows = getattr(attack, "write_rows", None)
+        return None if write_rows is None else lambda messages, rows, context: write_rows(rows, context)
+    return None if attack_reads_own_rows(attack) else getattr(attack, "write_from", None)
 
 
 def _block_span(mask: Tensor) -> tuple[int, int] | None:

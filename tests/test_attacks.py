@@ -227,6 +227,29 @@ def test_write_rows_draws_exactly_what_the_call_returns(name, options):
     assert identical(workspace[:, :5], values[:, :5])
 
 
+@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
+def test_write_from_writes_exactly_what_the_call_returns(name, options):
+    """``write_from`` (used by ``deliver`` for attacks that read only the honest rows)
+    writes the rows ``__call__`` returns, bit for bit, into the Byzantine block of the
+    messages themselves, and leaves the honest rows as they were."""
+    attack = attacks.build(name, options)
+    if attack_reads_own_rows(attack) or not hasattr(attack, "write_from"):
+        return
+    byzantine = torch.tensor([False, False, False, False, False, True, True])  # one block
+    values = messages(M, S, D)
+    returned = attack(values, context(byzantine=byzantine, seed=9))
+    workspace = values.clone()
+    workspace[:, 5:] = math.nan  # the block is never read
+    attack.write_from(workspace, workspace[:, 5:], context(byzantine=byzantine, seed=9))
+    assert identical(workspace[:, 5:], returned)
+    assert identical(workspace[:, :5], values[:, :5])
+
+
+def test_bit_flip_write_from_refuses_the_own_source():
+    with pytest.raises(ValueError, match="own"):
+        attacks.build("bit_flip").write_from(messages(S, D), messages(2, D), context())
+
+
 def test_large_noise_blocks_do_not_depend_on_the_thread_count():
     """Blocks above ``_PART_VALUES`` values are drawn in fixed parts on a thread pool:
     the values are the same with 1 and 2 torch threads, and still N(mean, std^2)."""
