@@ -240,12 +240,22 @@ class RoundBuffers:
     fresh tensor per round costs its page faults), and the round's gradients through
     them.  Left out of checkpoints: every round overwrites them before reading."""
 
+    gathered: Tensor | None = None  # a class default: checkpoints that predate it load too
+
     def __init__(self) -> None:
         self.gradients: Tensor | None = None
         self.delivered: Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"gradients": None, "delivered": None}
+        return {"gradients": None, "delivered": None, "gathered": None}
+
+    def gather(self, source: Tensor, index: Tensor) -> Tensor:
+        """``source[index]`` (rows) into a reused buffer, e.g. each client's cluster
+        model; valid until the next call."""
+        shape = (index.shape[0], *source.shape[1:])
+        if self.gathered is None or self.gathered.shape != shape or self.gathered.dtype != source.dtype:
+            self.gathered = source.new_empty(shape)
+        return torch.index_select(source, 0, index, out=self.gathered)
 
     def _shaped(self, like: Tensor) -> tuple[Tensor, Tensor]:
         if self.gradients is None or self.gradients.shape != like.shape or self.gradients.dtype != like.dtype:
@@ -303,8 +313,10 @@ def group_mean(messages: Tensor, groups: Tensor, count: int, include: Tensor | N
     if include is not None:
         onehot = onehot * include.to(messages.dtype)
     sizes = onehot.sum(-1)
-    used = onehot.sum(0) > 0  # rows in no group must not leak 0 * NaN
-    if not bool(used.all()):
-        messages = torch.where(used.unsqueeze(-1), messages, torch.zeros_like(messages))
     sums = onehot @ messages
+    # A row in no group adds 0 * x: exact zeros unless x is NaN or infinite (0 * inf is
+    # NaN), which then shows in the sums; only then are such rows masked and summed again.
+    used = onehot.sum(0) > 0
+    if not bool(used.all()) and not bool(torch.isfinite(sums).all()):
+        sums = onehot @ torch.where(used.unsqueeze(-1), messages, torch.zeros_like(messages))
     return sums / sizes.clamp_min(1).unsqueeze(-1), sizes

@@ -128,7 +128,7 @@ class GroundTruth(Algorithm):
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
-        at_own_cluster = self.models[fed.cluster_ids]
+        at_own_cluster = self._round.gather(self.models, fed.cluster_ids)
         include = fed.honest if self.params.exclude_byzantine else None
 
         def aggregate(messages: Tensor) -> Tensor:
@@ -140,8 +140,10 @@ class GroundTruth(Algorithm):
         means, sizes = group_mean(received, fed.cluster_ids, fed.clusters, include)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
+        # without snapshots the record leaves updates out: they are centres[assignment]
+        updates = means[fed.cluster_ids] if self.snapshot_records else None
         return RoundRecord(
-            round_index, gradients=self.kept(grads), updates=means[fed.cluster_ids], assignment=fed.cluster_ids
+            round_index, gradients=self.kept(grads), updates=updates, centres=means, assignment=fed.cluster_ids
         )
 
     def client_models(self) -> Tensor:

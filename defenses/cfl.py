@@ -175,7 +175,8 @@ class ClusteredFL(Algorithm):
         count = self.models.shape[0]
         means, sizes = admissible_group_mean(updates, self.assignment, count)
         mean_norm = torch.linalg.vector_norm(means.double(), dim=-1)
-        norms = torch.linalg.vector_norm(torch.where(admissible.unsqueeze(-1), updates, 0).double(), dim=-1)
+        norms = torch.linalg.vector_norm(updates, dim=-1, dtype=torch.float64)  # no float64 copy of the rows
+        norms = torch.where(admissible, norms, 0.0)
         max_norm = torch.zeros(count, dtype=norms.dtype, device=norms.device)
         max_norm = max_norm.scatter_reduce(0, self.assignment, norms, "amax")
         members = torch.bincount(self.assignment, minlength=count)

@@ -180,6 +180,7 @@ def admissible_group_mean(messages: Tensor, groups: Tensor, count: int) -> tuple
     admissible = admissible_points(messages)  # [..., N]
     onehot = torch.nn.functional.one_hot(groups, count).to(messages.dtype).T  # [count, N]
     weights = onehot * admissible.unsqueeze(-2).to(messages.dtype)  # [..., count, N]
-    clean = torch.where(admissible.unsqueeze(-1), messages, torch.zeros_like(messages))
+    # a zeroed copy only when a row is inadmissible (0 * NaN would leak into the sums)
+    clean = messages if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), messages, 0.0)
     sizes = weights.sum(-1)
     return (weights @ clean) / sizes.clamp_min(1).unsqueeze(-1), sizes

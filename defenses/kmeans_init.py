@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from defenses.base import group_mean
+from defenses.row_reads import _scratch
 from defenses.threshold_clustering import admissible_points, euclidean_distances
 
 
@@ -18,24 +19,52 @@ def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tens
     """``k`` initial centres ``[k, d]`` chosen among the admissible rows of ``points``.
 
     D^2 sampling; distances are computed in float64 and capped so that huge (but
-    finite) rows cannot produce infinite weights.  Loops over ``k`` centres only.
+    finite) rows cannot produce infinite weights.  Loops over ``k`` centres, and over
+    cache-sized blocks of rows in :func:`_squared_distances`.
     """
     admissible = admissible_points(points)
     if not bool(admissible.any()):
         return torch.zeros(k, points.shape[-1], dtype=points.dtype, device=points.device)
-    candidates = points[admissible].double()
-    first = torch.randint(candidates.shape[0], (1,), generator=generator, device=generator.device)
-    chosen = [candidates[first.item()]]
-    closest = (candidates - chosen[0]).pow(2).sum(-1)
+    rows = None if bool(admissible.all()) else admissible.nonzero().squeeze(-1)
+    count = points.shape[0] if rows is None else rows.numel()
+
+    def candidate(index: int) -> Tensor:
+        return points[index if rows is None else int(rows[index])].double()
+
+    first = torch.randint(count, (1,), generator=generator, device=generator.device)
+    chosen = [candidate(first.item())]
+    closest = _squared_distances(points, rows, chosen[0])
     for _ in range(1, k):
         weights = torch.nan_to_num(closest, posinf=1e300).clamp(0, 1e300)
         if float(weights.sum()) <= 0:
-            index = torch.randint(candidates.shape[0], (1,), generator=generator, device=generator.device).item()
+            index = torch.randint(count, (1,), generator=generator, device=generator.device).item()
         else:
             index = torch.multinomial(weights / weights.sum(), 1, generator=generator).item()
-        chosen.append(candidates[index])
-        closest = torch.minimum(closest, (candidates - chosen[-1]).pow(2).sum(-1))
+        chosen.append(candidate(index))
+        closest = torch.minimum(closest, _squared_distances(points, rows, chosen[-1]))
     return torch.stack(chosen).to(points.dtype)
+
+
+# Rows per block of :func:`_squared_distances`: about 8 MB of float64, kept in cache.
+_BLOCK_BYTES = 8 << 20
+
+
+def _squared_distances(points: Tensor, rows: Tensor | None, centre: Tensor) -> Tensor:
+    """``||x - centre||^2`` in float64 for the rows ``rows`` of ``points[N, d]`` (all
+    when ``None``): each block of rows converted to float64 in one reused buffer, so
+    neither a float64 copy of all points nor a fresh ``[N, d]`` difference is made.
+    The values are those of ``(points[rows].double() - centre).pow(2).sum(-1)``."""
+    count = points.shape[0] if rows is None else rows.numel()
+    dim = points.shape[-1]
+    step = max(1, _BLOCK_BYTES // (8 * max(dim, 1)))
+    out = torch.empty(count, dtype=torch.float64, device=points.device)
+    buffer = _scratch("kmeans++", (min(step, count), dim), centre)
+    for start in range(0, count, step):
+        stop = min(start + step, count)
+        part = points[start:stop] if rows is None else points.index_select(0, rows[start:stop])
+        block = buffer[: stop - start].copy_(part)
+        torch.sum(block.sub_(centre).pow_(2), -1, out=out[start:stop])
+    return out
 
 
 @dataclass(frozen=True)

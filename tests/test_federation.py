@@ -350,7 +350,7 @@ def test_group_mean_equals_hand_loop(n, d, count, seed, use_include):
     torch.testing.assert_close(means, expected_means, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("poison", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("poison", [math.nan, math.inf, -math.inf, 1e308])
 def test_group_mean_ignores_excluded_non_finite_rows(poison):
     g = torch.Generator().manual_seed(0)
     messages = torch.randn(6, 3, generator=g, dtype=torch.float64)
