@@ -33,17 +33,32 @@ def received_from_neighbours(
     meaningless: callers mask them with the graph's adjacency.  The result holds
     ``R N d`` values: chunk the receivers (:func:`receiver_chunks`) for large models.
     """
-    count = receivers.numel()
-    received = broadcast.unsqueeze(0).expand(count, *broadcast.shape)
+    received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
     byzantine = federation.byzantine
     if federation.attack is None or not bool(byzantine.any()):
         return received
-    rows = federation.deliver(
-        received, round_index, kind, receivers=receivers, defense_state=defense_state, byzantine_only=True
-    )
+    rows = byzantine_rows_for(federation, broadcast, round_index, kind, receivers, defense_state)
     received = received.clone()
     received[:, byzantine] = rows
     return received
+
+
+def byzantine_rows_for(
+    federation: Federation,
+    broadcast: Tensor,
+    round_index: int,
+    kind: MessageKind,
+    receivers: Tensor,
+    defense_state: Mapping[str, Any] | None = None,
+) -> Tensor:
+    """``[R, B, d]``: the rows the Byzantine clients send each receiver in
+    ``receivers[R]`` (their broadcast rows when there is no attack), without the
+    ``[R, N, d]`` copy of :func:`received_from_neighbours`: for callers that take the
+    honest rows from ``broadcast`` itself.  The attack sees what it sees there."""
+    received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
+    return federation.deliver(
+        received, round_index, kind, receivers=receivers, defense_state=defense_state, byzantine_only=True
+    )
 
 
 def receiver_chunks(clients: int, dimension: int, budget_mb: float, itemsize: int = 4) -> Iterator[Tensor]:
