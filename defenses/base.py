@@ -240,7 +240,7 @@ class RoundBuffers:
     fresh tensor per round costs its page faults), and the round's gradients through
     them.  Left out of checkpoints: every round overwrites them before reading."""
 
-    gathered: Tensor | None = None  # a class default: checkpoints that predate it load too
+    gathered: dict[str, Tensor] | None = None  # a class default: checkpoints that predate it load too
 
     def __init__(self) -> None:
         self.gradients: Tensor | None = None
@@ -249,13 +249,16 @@ class RoundBuffers:
     def __getstate__(self) -> dict[str, Any]:
         return {"gradients": None, "delivered": None, "gathered": None}
 
-    def gather(self, source: Tensor, index: Tensor) -> Tensor:
-        """``source[index]`` (rows) into a reused buffer, e.g. each client's cluster
-        model; valid until the next call."""
+    def gather(self, source: Tensor, index: Tensor, slot: str = "models") -> Tensor:
+        """``source[index]`` (rows) into the reused buffer ``slot``, e.g. each client's
+        cluster model; valid until the next call with that slot."""
+        if self.gathered is None:
+            self.gathered = {}
         shape = (index.shape[0], *source.shape[1:])
-        if self.gathered is None or self.gathered.shape != shape or self.gathered.dtype != source.dtype:
-            self.gathered = source.new_empty(shape)
-        return torch.index_select(source, 0, index, out=self.gathered)
+        buffer = self.gathered.get(slot)
+        if buffer is None or buffer.shape != shape or buffer.dtype != source.dtype:
+            buffer = self.gathered[slot] = source.new_empty(shape)
+        return torch.index_select(source, 0, index, out=buffer)
 
     def _shaped(self, like: Tensor) -> tuple[Tensor, Tensor]:
         if self.gradients is None or self.gradients.shape != like.shape or self.gradients.dtype != like.dtype:

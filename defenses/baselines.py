@@ -140,10 +140,10 @@ class GroundTruth(Algorithm):
         means, sizes = group_mean(received, fed.cluster_ids, fed.clusters, include)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
-        # without snapshots the record leaves updates out: they are centres[assignment]
-        updates = means[fed.cluster_ids] if self.snapshot_records else None
+        # without snapshots the record may alias a buffer: the per-client rows go to a reused one
+        updates = means[fed.cluster_ids] if self.snapshot_records else self._round.gather(means, fed.cluster_ids, "updates")
         return RoundRecord(
-            round_index, gradients=self.kept(grads), updates=updates, centres=means, assignment=fed.cluster_ids
+            round_index, gradients=self.kept(grads), updates=updates, assignment=fed.cluster_ids
         )
 
     def client_models(self) -> Tensor:

@@ -77,11 +77,15 @@ class _ClusterChoice(Algorithm):
 
         return {"models": self.models, "assignment": self.assignment, "aggregate": aggregate}
 
-    def _record(self, round_index: int, gradients: Tensor, cluster_updates: Tensor) -> RoundRecord:
+    def _record(
+        self, round_index: int, gradients: Tensor, cluster_updates: Tensor, updates: Tensor | None = None
+    ) -> RoundRecord:
+        """``updates``: the per-client rows ``cluster_updates[assignment]``, when the
+        caller gathered them already (into a reused buffer)."""
         return RoundRecord(
             round_index,
             gradients=gradients,
-            updates=cluster_updates[self.assignment],
+            updates=cluster_updates[self.assignment] if updates is None else updates,
             centres=self.models.clone(),
             assignment=self.assignment,
         )
@@ -114,12 +118,14 @@ class IFCA(_ClusterChoice):
         batch = fed.sample_batch()
         self._choose(batch, round_index)
         grads, received = self._round.delivered_gradients(
-            fed, self.models[self.assignment], batch, round_index, self._defense_state()
+            fed, self._round.gather(self.models, self.assignment), batch, round_index, self._defense_state()
         )
         means, sizes = self._cluster_means(received)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
-        return self._record(round_index, self.kept(grads), means)
+        # without snapshots the record may alias a buffer: the per-client rows go to a reused one
+        updates = None if self.snapshot_records else self._round.gather(means, self.assignment, "updates")
+        return self._record(round_index, self.kept(grads), means, updates)
 
 
 @register
