@@ -497,8 +497,9 @@ class GeometricMedian(Aggregator):
 
     def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         z = coordinate_median(rows)
+        scratch = torch.empty_like(rows.values) if self.iterations else None  # one [N, d] for every step
         for _ in range(self.iterations):
-            difference = rows.values - z.unsqueeze(-2)
+            difference = torch.sub(rows.values, z.unsqueeze(-2), out=scratch)
             distance = row_norms(difference)
             far = rows.admissible & (distance > self.nu)
             weight = torch.where(far, distance.reciprocal(), torch.zeros_like(distance))  # inf: 0
@@ -537,12 +538,17 @@ class CenteredClipping(Aggregator):
         _require_int(self.name, "iterations", self.iterations, 1)
 
     def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        v = coordinate_median(rows)
         usable = _admissible_or_none(previous)
-        if usable is not None:
-            v = torch.where(usable.unsqueeze(-1), previous, v)
+        shape = (*rows.values.shape[:-2], rows.values.shape[-1])
+        if usable is not None and bool(usable.all()) and previous.shape == shape:
+            v = previous  # the median start is not needed
+        else:
+            v = coordinate_median(rows)
+            if usable is not None:
+                v = torch.where(usable.unsqueeze(-1), previous, v)
+        scratch = torch.empty_like(rows.values)  # one [N, d] for every step
         for _ in range(self.iterations):
-            difference = rows.values - v.unsqueeze(-2)
+            difference = torch.sub(rows.values, v.unsqueeze(-2), out=scratch)
             scale = (self.tau / row_norms(difference)).clamp_max(1.0)  # ||y|| = 0 gives 1
             scale = torch.where(rows.admissible, scale, torch.zeros_like(scale))
             v = v + _weighted_sum(difference, scale) / _per_problem(rows.count, v)
