@@ -252,13 +252,18 @@ class RoundBuffers:
     def gather(self, source: Tensor, index: Tensor, slot: str = "models") -> Tensor:
         """``source[index]`` (rows) into the reused buffer ``slot``, e.g. each client's
         cluster model; valid until the next call with that slot."""
+        buffer = self.scratch(slot, (index.shape[0], *source.shape[1:]), source)
+        return torch.index_select(source, 0, index, out=buffer)
+
+    def scratch(self, slot: str, shape: tuple[int, ...], like: Tensor) -> Tensor:
+        """An uninitialised tensor of ``shape`` (``like``'s dtype and device), the same
+        memory on every call with this ``slot`` and shape."""
         if self.gathered is None:
             self.gathered = {}
-        shape = (index.shape[0], *source.shape[1:])
         buffer = self.gathered.get(slot)
-        if buffer is None or buffer.shape != shape or buffer.dtype != source.dtype:
-            buffer = self.gathered[slot] = source.new_empty(shape)
-        return torch.index_select(source, 0, index, out=buffer)
+        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
+            buffer = self.gathered[slot] = like.new_empty(shape)
+        return buffer
 
     def _shaped(self, like: Tensor) -> tuple[Tensor, Tensor]:
         if self.gradients is None or self.gradients.shape != like.shape or self.gradients.dtype != like.dtype:

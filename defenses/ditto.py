@@ -4,9 +4,10 @@ model per client pulled towards it."""
 from __future__ import annotations
 
 from pydantic import ConfigDict, Field
+import torch
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register
 from defenses.fedavg_step import FedAvgModel
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
@@ -53,6 +54,9 @@ class Ditto(Algorithm):
     reference = "Li, Hu, Beirami, Smith 2021 (ICML), Ditto: fair and robust federated learning, Alg. 1"
     Params = DittoParams
 
+    # personal-update buffers, made on first use (checkpoints leave their contents out)
+    _round: RoundBuffers | None = None
+
     def __init__(self, federation: Federation, params: DittoParams) -> None:
         super().__init__(federation, params)
         self.fedavg = FedAvgModel(federation, params.lr, params.heavy_ball)
@@ -62,8 +66,11 @@ class Ditto(Algorithm):
     def personal_update(self, global_model: Tensor, batch: Batch) -> Tensor:
         """``g_i(v_i) + lambda (v_i - w)`` for every client: the gradient of
         ``f_i(v) + lambda/2 ||v - w||^2`` at ``v_i`` (eq. 2), ``[N, d]``."""
-        grads = self.federation.gradients(self.models, batch)
-        return grads.add_(self.models - global_model, alpha=self.params.lam)
+        if self._round is None:
+            self._round = RoundBuffers()
+        grads = self._round.own_gradients(self.federation, self.models, batch)  # a reused buffer
+        difference = torch.sub(self.models, global_model, out=self._round.scratch("difference", grads.shape, grads))
+        return grads.add_(difference, alpha=self.params.lam)
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
@@ -76,7 +83,7 @@ class Ditto(Algorithm):
             self.personal.apply(self.models, update)
         grads, global_update = self.fedavg.step(round_index, batch)
         return RoundRecord(
-            round_index, gradients=self.kept(grads), updates=update, extras={"global_update": global_update[0]}
+            round_index, gradients=self.kept(grads), updates=self.kept(update), extras={"global_update": global_update[0]}
         )
 
     def global_model(self) -> Tensor:
