@@ -58,7 +58,7 @@ from pydantic import ConfigDict, Field, model_validator
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register
 from defenses.ifca import admissible_group_mean
 from defenses.kmeans_init import KMeansResult, kmeans
 from defenses.threshold_clustering import admissible_points, euclidean_distances
@@ -202,6 +202,7 @@ class CGPFL(Algorithm):
     reference = "CGPFL: Personalized Federated Learning with Clustered Generalization (ICLR 2022 submission), Alg. 1"
     Params = CGPFLParams
     forms_clusters = True
+    _round: RoundBuffers | None = None  # made on first use; checkpoints leave the contents out
 
     def __init__(self, federation: Federation, params: _CGPFLParams) -> None:
         super().__init__(federation, params)
@@ -258,19 +259,25 @@ class CGPFL(Algorithm):
     # -- a round -----------------------------------------------------------------------------
     def step(self, round_index: int) -> RoundRecord:
         fed, p = self.federation, self.params
-        copies = self.models[self.assignment]  # omega_{i,0}: the received cluster model (line 4)
+        if self._round is None:
+            self._round = RoundBuffers()
+        buffers = self._round  # reused [N, d] buffers: fresh ones per personal step page-fault
+        copies = buffers.gather(self.models, self.assignment)  # omega_{i,0}: the received cluster model (line 4)
+        difference = buffers.scratch("difference", tuple(self.personal.shape), self.personal)
         first: Tensor | None = None
-        update = torch.zeros_like(self.personal)
+        update: Tensor | None = None
         for _ in range(p.local_rounds):  # line 6
             batch = fed.sample_batch()
             for _ in range(p.personal_steps):  # lines 7-8: theta~_i(omega_{i,r})
-                grads = fed.gradients(self.personal, batch)
+                grads = buffers.own_gradients(fed, self.personal, batch)
                 if first is None:
                     first = grads.clone()
-                update = grads.add_(self.personal - copies, alpha=p.lam)
+                update = grads.add_(torch.sub(self.personal, copies, out=difference), alpha=p.lam)
                 self.optimizer.apply(self.personal, update)
             # line 10 (pFedMe): the gradient of lambda/2 ||theta~ - omega||^2 in omega
-            copies = copies.add_(copies - self.personal, alpha=-p.lr * p.lam)
+            copies = copies.add_(torch.sub(copies, self.personal, out=difference), alpha=-p.lr * p.lam)
+        if update is None:
+            update = torch.zeros_like(self.personal)
         received = fed.deliver(copies, round_index, "model", defense_state=self._defense_state())
         self.models, self.assignment, extras = self._server(received, self._kmeans_rng)
         return RoundRecord(
