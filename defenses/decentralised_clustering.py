@@ -231,13 +231,23 @@ class PersonalizedDecentralizedTC(Algorithm):
         # [N, d] own gradients and updates, reused every round (fresh ones page-fault)
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
+        self._received: Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint leaves out the round's scratch (overwritten before it is read)."""
-        return {**self.__dict__, "_own": None, "_updates": None}
+        return {**self.__dict__, "_own": None, "_updates": None, "_received": None}
+
+    def _workspace(self, rows: int) -> Tensor:
+        """A reused ``[rows, N, d]`` buffer for a receiver chunk's messages (a fresh
+        one per chunk page-faults)."""
+        n, d = self.models.shape
+        if self._received is None or self._received.shape[0] < rows:
+            self._received = self.models.new_empty(rows, n, d)
+        return self._received[:rows]
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._received = None
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
 
@@ -284,7 +294,8 @@ class PersonalizedDecentralizedTC(Algorithm):
                 "neighbours": neighbours,
                 "aggregate": aggregate,
             }
-            received = received_from_neighbours(fed, self.momenta, round_index, "momentum", chunk, state)
+            workspace = self._workspace(chunk.numel())
+            received = received_from_neighbours(fed, self.momenta, round_index, "momentum", chunk, state, workspace)
             result = self._cluster(received, chunk, layout)
             updates[chunk] = result.centres[:, 0]
             ball[chunk] = result.inside[:, 0].sum(-1)

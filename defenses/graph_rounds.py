@@ -25,6 +25,7 @@ def received_from_neighbours(
     kind: MessageKind,
     receivers: Tensor,
     defense_state: Mapping[str, Any] | None = None,
+    out: Tensor | None = None,
 ) -> Tensor:
     """``[R, N, d]``: what each receiver in ``receivers[R]`` gets from every client.
 
@@ -32,11 +33,17 @@ def received_from_neighbours(
     ``r`` for a Byzantine ``j``.  Rows of clients that are not ``r``'s neighbours are
     meaningless: callers mask them with the graph's adjacency.  The result holds
     ``R N d`` values: chunk the receivers (:func:`receiver_chunks`) for large models.
+    With ``out`` (``[R, N, d]``, reused by the caller) the broadcast is copied there
+    and the attack writes its rows in place: no fresh tensor per call, the same values.
     """
     received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
     byzantine = federation.byzantine
     if federation.attack is None or not bool(byzantine.any()):
         return received
+    if out is not None:
+        return federation.deliver(
+            out.copy_(received), round_index, kind, receivers=receivers, defense_state=defense_state, inplace=True
+        )
     rows = byzantine_rows_for(federation, broadcast, round_index, kind, receivers, defense_state)
     received = received.clone()
     received[:, byzantine] = rows
