@@ -84,7 +84,10 @@ class HeavyBall:
     def __init__(self, lr: float, momentum: float, like: Tensor) -> None:
         self.lr = lr
         self.momentum = momentum
-        self.buffer = torch.zeros_like(like)
+        # Plain SGD never reads its buffer: it is made (zeros) only when asked for, so a
+        # per-round local optimiser costs no [N, d] tensor.
+        self._buffer: Tensor | None = torch.zeros_like(like) if momentum else None
+        self._like = (like.shape, like.dtype, like.device)
         self.skipped = 0
         self._spare: Tensor | None = None  # next buffer, for whole-tensor steps
         self._moved: Tensor | None = None  # candidate parameters, for whole-tensor steps
@@ -102,10 +105,34 @@ class HeavyBall:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "buffer" in state:  # a checkpoint written before the buffer became lazy
+            buffer = state.pop("buffer")
+            state.update(_buffer=buffer, _like=(buffer.shape, buffer.dtype, buffer.device))
         self.__dict__.update(state)
         if self._bound is not None:
             params, valid, bound = self._bound
             self._bound = (params, params._version, bound) if valid else None
+
+    def restart(self) -> None:
+        """Back to a fresh optimiser's state (zero momentum, nothing skipped), keeping
+        the scratch memory."""
+        if self._buffer is not None:
+            self._buffer.zero_()
+        self.skipped = 0
+        self._bound = None
+
+    @property
+    def buffer(self) -> Tensor:
+        """The momentum buffer ``m`` (zeros until a step with momentum writes it)."""
+        if self._buffer is None:
+            shape, dtype, device = self._like
+            self._buffer = torch.zeros(shape, dtype=dtype, device=device)
+        return self._buffer
+
+    @buffer.setter
+    def buffer(self, value: Tensor) -> None:
+        self._buffer = value
+        self._like = (value.shape, value.dtype, value.device)
 
     def apply(self, params: Tensor, update: Tensor, rows: Tensor | None = None) -> None:
         """Update ``params`` in place with ``update`` on ``rows`` (all rows if None).
@@ -123,7 +150,8 @@ class HeavyBall:
             buffer = update
         moved = torch.add(params[rows], buffer, alpha=-self.lr)
         buffer, moved = self._vetted(update, buffer, moved, params, rows)
-        self.buffer[rows] = buffer
+        if self.momentum:
+            self.buffer[rows] = buffer
         params[rows] = moved
 
     def apply_gathered(self, params: Tensor, source: Tensor, index: Tensor, out: Tensor | None = None) -> Tensor | None:
@@ -165,7 +193,7 @@ class HeavyBall:
         row path."""
         if self._moved is None or self._moved.shape != params.shape:
             self._moved = torch.empty_like(params)
-            self._spare = torch.empty_like(self.buffer)
+            self._spare = torch.empty_like(params) if self.momentum else None
         if self.momentum:
             buffer = torch.add(update, self.buffer, alpha=self.momentum, out=self._spare)
         else:
@@ -223,16 +251,54 @@ def _finite_rows(x: Tensor) -> Tensor:
     return torch.isfinite(x.sum(dim=-1))
 
 
-def run_local_steps(federation: Federation, local: Tensor, batch: Batch, optimizer: Any, steps: int) -> Tensor:
+def run_local_steps(
+    federation: Federation,
+    local: Tensor,
+    batch: Batch,
+    optimizer: Any,
+    steps: int,
+    buffers: "RoundBuffers | None" = None,
+) -> Tensor:
     """``steps`` local optimiser steps on every row of ``local``, in place: the first
     on ``batch``, each further one on a fresh batch (IFCA Option II's local SGD, also
     HypCluster's, CFL's and CLoVE's).  ``optimizer`` has ``apply(params, update)``
-    (:class:`HeavyBall`, or CLoVE's Adam).  Returns the first step's honest gradients."""
-    first = federation.gradients(local, batch)
+    (:class:`HeavyBall`, or CLoVE's Adam).  Returns the first step's honest gradients
+    (with ``buffers``: in its reused slot ``"first"``, the later steps' in ``"later"``)."""
+
+    def gradients(at: Batch, slot: str) -> Tensor:
+        out = None if buffers is None else buffers.scratch(slot, tuple(local.shape), local)
+        return federation.gradients(local, at, out=out)
+
+    first = gradients(batch, "first")
     optimizer.apply(local, first)
     for _ in range(steps - 1):
-        optimizer.apply(local, federation.gradients(local, federation.sample_batch()))
+        optimizer.apply(local, gradients(federation.sample_batch(), "later"))
     return first
+
+
+class LocalStart:
+    """Each round's local training start, in reused memory: the rows of the picked
+    models (``models[index]``) and a heavy-ball optimiser whose momentum restarts at
+    zero (IFCA Option II, HypCluster, CLoVE).  Bit for bit what a fresh copy and a
+    fresh :class:`HeavyBall` give; checkpoints leave the buffers out."""
+
+    def __init__(self) -> None:
+        self.buffers = RoundBuffers()
+        self._optimizer: HeavyBall | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"buffers": RoundBuffers(), "_optimizer": None}
+
+    def rows(self, models: Tensor, index: Tensor) -> Tensor:
+        return self.buffers.gather(models, index, "local")
+
+    def optimizer(self, lr: float, momentum: float, local: Tensor) -> HeavyBall:
+        kept = self._optimizer
+        if kept is None or (kept.lr, kept.momentum, kept._like) != (lr, momentum, (local.shape, local.dtype, local.device)):
+            kept = self._optimizer = HeavyBall(lr, momentum, local)
+        else:
+            kept.restart()
+        return kept
 
 
 class RoundBuffers:

@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from defenses.base import AlgorithmParams, HeavyBall, register, run_local_steps
+from defenses.base import AlgorithmParams, HeavyBall, LocalStart, register, run_local_steps
 from defenses.ifca import _ClusterChoice, lowest_reported
 from defenses.kmeans_init import kmeans
 from defenses.threshold_clustering import admissible_points
@@ -121,6 +121,7 @@ class CLoVE(_ClusterChoice):
     summary = "CLoVE: k-means of clients' loss vectors on K models, min-cost matching, per-cluster averaging"
     reference = "CLoVE (Clustering of Loss Vector Embeddings), Alg. 1; SLV embedding Sec. 4; ablations Sec. 5.3"
     Params = CLoVEParams
+    _local: LocalStart | None = None  # made on first use (checkpoints leave its buffers out)
     init_stream = "clove-init"
 
     def __init__(self, federation: Federation, params: CLoVEParams, initial_models: Tensor | None = None) -> None:
@@ -158,12 +159,14 @@ class CLoVE(_ClusterChoice):
     def _model_round(self, round_index: int, batch: Batch) -> tuple[Tensor, Tensor]:
         """Option I: local steps from the matched models, then per-cluster means."""
         fed, params = self.federation, self.params
-        local = self.models[self.assignment]  # a copy: one row per client
+        if self._local is None:
+            self._local = LocalStart()
+        local = self._local.rows(self.models, self.assignment)  # a copy: one row per client
         if params.optimizer == "adam":
             step: _LocalAdam | HeavyBall = _LocalAdam(params.lr, local)
         else:
-            step = HeavyBall(params.lr, params.heavy_ball, local)
-        first = run_local_steps(fed, local, batch, step, params.local_steps)
+            step = self._local.optimizer(params.lr, params.heavy_ball, local)
+        first = self.kept(run_local_steps(fed, local, batch, step, params.local_steps, self._local.buffers))
         received = fed.deliver(local, round_index, "model", defense_state=self._defense_state())
         means, sizes = self._cluster_means(received)
         active = (sizes > 0) & admissible_points(means)

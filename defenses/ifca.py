@@ -20,7 +20,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register, run_local_steps
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, LocalStart, RoundBuffers, register, run_local_steps
 from defenses.threshold_clustering import admissible_points
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
@@ -153,20 +153,23 @@ class IFCAModelAveraging(_ClusterChoice):
     summary = "IFCA: K models, each client picks its lowest-loss model, local SGD, model averaging"
     reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option II"
     Params = IFCAModelAveragingParams
+    _local: LocalStart | None = None  # made on first use (checkpoints leave its buffers out)
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
         batch = fed.sample_batch()
         self._choose(batch, round_index)
-        local = self.models[self.assignment]  # a copy: one row per client
-        optimizer = HeavyBall(self.params.lr, self.params.heavy_ball, local)
-        first = run_local_steps(fed, local, batch, optimizer, self.params.local_steps)
+        if self._local is None:
+            self._local = LocalStart()
+        local = self._local.rows(self.models, self.assignment)  # a copy: one row per client
+        optimizer = self._local.optimizer(self.params.lr, self.params.heavy_ball, local)
+        first = run_local_steps(fed, local, batch, optimizer, self.params.local_steps, self._local.buffers)
         received = fed.deliver(local, round_index, "model", defense_state=self._defense_state())
         means, sizes = self._cluster_means(received)
         active = (sizes > 0) & admissible_points(means)
         previous = self.models.clone()
         self.models[active] = means[active]
-        return self._record(round_index, first, (previous - self.models) / self.params.lr)
+        return self._record(round_index, self.kept(first), (previous - self.models) / self.params.lr)
 
 
 def lowest_reported(reported: Tensor, previous: Tensor) -> Tensor:

@@ -613,3 +613,24 @@ def test_redeal_replaces_training_data_and_repoisons_byzantine_rows():
     assert torch.equal(fed.train.targets[2:], torch.tensor([[1, 1, 2]] * 2))
     with pytest.raises(ValueError, match="same shapes"):
         fed.redeal(ClientData(inputs[:, :2], fresh[:, :2]))
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_heavy_ball_loads_state_saved_with_an_eager_buffer(momentum):
+    """A checkpoint's optimiser state from before the buffer became lazy (a plain
+    ``buffer`` entry) loads into the same state: same buffer, same next step."""
+    g = torch.Generator().manual_seed(1)
+    params = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    reference = HeavyBall(0.1, momentum, params)
+    reference.apply(params.clone(), torch.randn(3, 4, generator=g, dtype=torch.float64))
+    state = reference.__getstate__()
+    state["buffer"] = state.pop("_buffer") if state["_buffer"] is not None else torch.zeros_like(params)
+    del state["_like"]
+    loaded = HeavyBall.__new__(HeavyBall)
+    loaded.__setstate__(state)
+    assert torch.equal(loaded.buffer, reference.buffer)
+    update = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    a, b = params.clone(), params.clone()
+    reference.apply(a, update)
+    loaded.apply(b, update)
+    assert torch.equal(a, b)
