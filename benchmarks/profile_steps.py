@@ -16,6 +16,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import re
 import subprocess
 import sys
 import time
@@ -63,10 +64,17 @@ def profile_config(config: steps.Config, profiled: int, top: int) -> dict[str, A
 
 
 def _name(key: tuple[str, int, str]) -> str:
+    """``torch.bmm``, ``Tensor.copy_``, ``ndarray.sort`` for built-ins; ``file:line(function)``
+    for Python functions."""
     file, line, name = key
-    if file == "~":  # a built-in: the name says it
-        return name
-    return f"{Path(file).name}:{line}({name})"
+    if file != "~":
+        return f"{Path(file).name}:{line}({name})"
+    method = re.fullmatch(r"<method '(\w+)' of '(?:[\w.]+\.)?(\w+)' objects>", name)
+    if method:
+        owner = "Tensor" if method.group(2) == "TensorBase" else method.group(2)
+        return f"{owner}.{method.group(1)}"
+    builtin = re.fullmatch(r"<built-in method ([\w.]+)>", name)
+    return builtin.group(1).replace("torch._C._linalg.", "torch.linalg.") if builtin else name
 
 
 def format_markdown(rows: list[dict[str, Any]]) -> str:
