@@ -27,7 +27,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
-from defenses.graph_rounds import byzantine_rows_for, receiver_chunks
+from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from defenses.threshold_clustering import admissible_points
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.federation import Federation
@@ -101,7 +101,7 @@ class FedSPD(Algorithm):
       ``2 tau`` steps with ``double_first_round``.
     * **Exchange and centre update** (steps 2-3): every client broadcasts its
       trained centre through
-      :func:`~defenses.graph_rounds.byzantine_rows_for` (kind ``"model"``: one
+      :func:`~defenses.graph_rounds.received_from_neighbours` (kind ``"model"``: one
       model per client per round, as in the paper; a Byzantine node may send each
       neighbour a different row).  The cluster index ``s_j`` travels with it and is
       taken as declared: Byzantine nodes declare the cluster their own (honest)
@@ -260,8 +260,9 @@ class FedSPD(Algorithm):
         )
         for receivers in chunks:
             receivers = receivers.to(fed.device)
-            attack_rows = byzantine_rows_for(  # [R, B, d]; the honest rows are ``before``'s
-                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers)
+            attack_rows = received_from_neighbours(  # [R, B, d]; the honest rows are ``before``'s
+                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers),
+                byzantine_only=True,
             )
             own = receivers.unsqueeze(-1) == clients.unsqueeze(0)  # [R, N]
             from_attack = byzantine.unsqueeze(0) & ~own  # rows the attack wrote

@@ -26,6 +26,7 @@ def received_from_neighbours(
     receivers: Tensor,
     defense_state: Mapping[str, Any] | None = None,
     out: Tensor | None = None,
+    byzantine_only: bool = False,
 ) -> Tensor:
     """``[R, N, d]``: what each receiver in ``receivers[R]`` gets from every client.
 
@@ -35,37 +36,29 @@ def received_from_neighbours(
     ``R N d`` values: chunk the receivers (:func:`receiver_chunks`) for large models.
     With ``out`` (``[R, N, d]``, reused by the caller) the broadcast is copied there
     and the attack writes its rows in place: no fresh tensor per call, the same values.
+    With ``byzantine_only`` only the Byzantine rows, ``[R, B, d]`` (their broadcast rows
+    without an attack), for callers that take the honest rows from ``broadcast``.
     """
     received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
     byzantine = federation.byzantine
-    if federation.attack is None or not bool(byzantine.any()):
+    if not byzantine_only and (federation.attack is None or not bool(byzantine.any())):
         return received
-    if out is not None:
+    if byzantine_only or out is not None:
         return federation.deliver(
-            out.copy_(received), round_index, kind, receivers=receivers, defense_state=defense_state, inplace=True
+            received if out is None else out.copy_(received),
+            round_index,
+            kind,
+            receivers=receivers,
+            defense_state=defense_state,
+            inplace=out is not None,
+            byzantine_only=byzantine_only,
         )
-    rows = byzantine_rows_for(federation, broadcast, round_index, kind, receivers, defense_state)
+    rows = federation.deliver(
+        received, round_index, kind, receivers=receivers, defense_state=defense_state, byzantine_only=True
+    )
     received = received.clone()
     received[:, byzantine] = rows
     return received
-
-
-def byzantine_rows_for(
-    federation: Federation,
-    broadcast: Tensor,
-    round_index: int,
-    kind: MessageKind,
-    receivers: Tensor,
-    defense_state: Mapping[str, Any] | None = None,
-) -> Tensor:
-    """``[R, B, d]``: the rows the Byzantine clients send each receiver in
-    ``receivers[R]`` (their broadcast rows when there is no attack), without the
-    ``[R, N, d]`` copy of :func:`received_from_neighbours`: for callers that take the
-    honest rows from ``broadcast`` itself.  The attack sees what it sees there."""
-    received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
-    return federation.deliver(
-        received, round_index, kind, receivers=receivers, defense_state=defense_state, byzantine_only=True
-    )
 
 
 def receiver_chunks(clients: int, dimension: int, budget_mb: float, itemsize: int = 4) -> Iterator[Tensor]:
