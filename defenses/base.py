@@ -113,6 +113,10 @@ class HeavyBall:
             params, valid, bound = self._bound
             self._bound = (params, params._version, bound) if valid else None
 
+    def fits(self, lr: float, momentum: float, like: Tensor) -> bool:
+        """Whether this optimiser has ``lr`` and ``momentum`` and rows shaped as ``like``."""
+        return (self.lr, self.momentum, self._like) == (lr, momentum, (like.shape, like.dtype, like.device))
+
     def restart(self) -> None:
         """Back to a fresh optimiser's state (zero momentum, nothing skipped), keeping
         the scratch memory."""
@@ -222,7 +226,9 @@ class HeavyBall:
         ok = ok.unsqueeze(-1)
         self.skipped += int((~ok).sum())
         index = slice(None) if rows is None else rows
-        return torch.where(ok, buffer, self.buffer[index]), torch.where(ok, moved, params[index])
+        # plain SGD keeps no buffer: the update stands in for it and is never stored
+        kept = torch.where(ok, buffer, self.buffer[index]) if self.momentum else buffer
+        return kept, torch.where(ok, moved, params[index])
 
 
 def _subtract_rows(params: Tensor, source: Tensor, index: Tensor, lr: float) -> None:
@@ -294,7 +300,7 @@ class LocalStart:
 
     def optimizer(self, lr: float, momentum: float, local: Tensor) -> HeavyBall:
         kept = self._optimizer
-        if kept is None or (kept.lr, kept.momentum, kept._like) != (lr, momentum, (local.shape, local.dtype, local.device)):
+        if kept is None or not kept.fits(lr, momentum, local):
             kept = self._optimizer = HeavyBall(lr, momentum, local)
         else:
             kept.restart()

@@ -269,7 +269,7 @@ class CGPFL(Algorithm):
         for _ in range(p.local_rounds):  # line 6
             batch = fed.sample_batch()
             for _ in range(p.personal_steps):  # lines 7-8: theta~_i(omega_{i,r})
-                grads = buffers.own_gradients(fed, self.personal, batch)
+                grads = fed.gradients(self.personal, batch, out=buffers.scratch("gradients", difference.shape, difference))
                 if first is None:
                     first = grads.clone()
                 update = grads.add_(torch.sub(self.personal, copies, out=difference), alpha=p.lam)

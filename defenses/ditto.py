@@ -68,8 +68,9 @@ class Ditto(Algorithm):
         ``f_i(v) + lambda/2 ||v - w||^2`` at ``v_i`` (eq. 2), ``[N, d]``."""
         if self._round is None:
             self._round = RoundBuffers()
-        grads = self._round.own_gradients(self.federation, self.models, batch)  # a reused buffer
-        difference = torch.sub(self.models, global_model, out=self._round.scratch("difference", grads.shape, grads))
+        shape = tuple(self.models.shape)
+        grads = self.federation.gradients(self.models, batch, out=self._round.scratch("gradients", shape, self.models))
+        difference = torch.sub(self.models, global_model, out=self._round.scratch("difference", shape, self.models))
         return grads.add_(difference, alpha=self.params.lam)
 
     def step(self, round_index: int) -> RoundRecord:

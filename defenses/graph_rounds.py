@@ -34,8 +34,10 @@ def received_from_neighbours(
     ``r`` for a Byzantine ``j``.  Rows of clients that are not ``r``'s neighbours are
     meaningless: callers mask them with the graph's adjacency.  The result holds
     ``R N d`` values: chunk the receivers (:func:`receiver_chunks`) for large models.
-    With ``out`` (``[R, N, d]``, reused by the caller) the broadcast is copied there
-    and the attack writes its rows in place: no fresh tensor per call, the same values.
+    With ``out`` (``[R, N, d]``, reused by the caller) and an attack, the broadcast is
+    copied there and the attack writes its rows in place: no fresh tensor per call, the
+    same values (without an attack the result is the broadcast's view, as without
+    ``out``).
     With ``byzantine_only`` only the Byzantine rows, ``[R, B, d]`` (their broadcast rows
     without an attack), for callers that take the honest rows from ``broadcast``.
     """

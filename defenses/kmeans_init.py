@@ -56,11 +56,15 @@ def _squared_distances(points: Tensor, rows: Tensor | None, centre: Tensor) -> T
     The values are those of ``(points[rows].double() - centre).pow(2).sum(-1)``."""
     count = points.shape[0] if rows is None else rows.numel()
     dim = points.shape[-1]
-    step = max(1, _BLOCK_BYTES // (8 * max(dim, 1)))
+    step = max(2, _BLOCK_BYTES // (8 * max(dim, 1)))
     out = torch.empty(count, dtype=torch.float64, device=points.device)
     buffer = _scratch("kmeans++", (min(step, count), dim), centre)
     for start in range(0, count, step):
         stop = min(start + step, count)
+        # never a one-row block (unless there is one row): torch sums a lone row split
+        # over threads, in another order than a row of a larger block; the overlapping
+        # row gets the same value twice
+        start = min(start, max(stop - 2, 0))
         part = points[start:stop] if rows is None else points.index_select(0, rows[start:stop])
         block = buffer[: stop - start].copy_(part)
         torch.sum(block.sub_(centre).pow_(2), -1, out=out[start:stop])

@@ -118,6 +118,8 @@ def coordinate_median(rows: Rows) -> Tensor:
     the average of the two middle values (as ``numpy.median``; not torch's lower
     median).  Zeros for a problem without admissible rows."""
     count = rows.count
+    if rows.values.shape[-2] == 0:
+        return rows.values.new_zeros(*rows.values.shape[:-2], rows.values.shape[-1])
     ordered = _sorted_columns(rows)
     # the two middle order statistics (the same one for odd counts), read as two rows
     # instead of a masked sum over all N; ``+ 0`` gives a zero median the sum's sign

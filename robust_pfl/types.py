@@ -89,9 +89,10 @@ class RoundRecord:
     (then tensors may be buffers the algorithm overwrites in its next step, and
     algorithms that send each client its cluster's centre leave ``updates`` out: it is
     ``centres[assignment]``).  When the
-    attack reads no message (``reads_messages = False``), engines skip the Byzantine
-    clients' honest work: their rows of ``gradients``/``momenta`` are then not honest
-    values (zeros, or what they sent).
+    attack reads no message (``reads_messages = False``) or only the honest senders'
+    rows (``reads_own_rows = False``), engines skip the Byzantine clients' honest work:
+    their rows of ``gradients``/``momenta`` are then not honest values (zeros, or what
+    they sent).
     """
 
     round_index: int
