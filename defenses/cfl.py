@@ -51,7 +51,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register, run_local_steps
+from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register, run_local_steps
 from defenses.ifca import admissible_group_mean
 from defenses.threshold_clustering import admissible_points
 from robust_pfl.federation import Federation
@@ -111,6 +111,7 @@ class ClusteredFL(Algorithm):
     reference = "Sattler, Mueller, Samek 2021 (IEEE TNNLS), Clustered Federated Learning, Alg. 1 and Alg. 2"
     Params = CFLParams
     forms_clusters = True
+    _round: RoundBuffers | None = None  # made on first use; checkpoints leave the contents out
 
     def __init__(self, federation: Federation, params: CFLParams) -> None:
         super().__init__(federation, params)
@@ -138,10 +139,11 @@ class ClusteredFL(Algorithm):
         pseudo-gradients."""
         fed = self.federation
         batch = fed.sample_batch()
-        start = self.models[self.assignment]  # a copy: one row per client
+        if self._round is None:
+            self._round = RoundBuffers()
+        start = self._round.gather(self.models, self.assignment, "start")  # a copy: one row per client
         if self.params.local_steps == 0:
-            gradients = fed.gradients(start, batch)
-            received = fed.deliver(gradients, round_index, "gradient", defense_state=self._defense_state())
+            gradients, received = self._round.delivered_gradients(fed, start, batch, round_index, self._defense_state())
             return received, gradients
         local = start.clone()
         optimizer = HeavyBall(self.params.lr, self.params.heavy_ball, local)
@@ -156,10 +158,12 @@ class ClusteredFL(Algorithm):
         means, sizes = admissible_group_mean(updates, self.assignment, self.models.shape[0])
         active = (sizes > 0).nonzero().squeeze(-1)
         self.optimizer.apply(self.models, means[active], rows=active)
+        # without snapshots the record may alias buffers: the per-client rows go to a reused one
+        per_client = means[self.assignment] if self.snapshot_records else self._round.gather(means, self.assignment, "updates")
         return RoundRecord(
             round_index,
-            gradients=gradients,
-            updates=means[self.assignment],
+            gradients=self.kept(gradients),
+            updates=per_client,
             centres=self.models.clone(),
             assignment=self.assignment.clone(),
             extras={"splits": splits},
