@@ -606,7 +606,10 @@ class Bucketing(Aggregator):
             keys = keys.to(values.device)
         keys = torch.where(admissible, keys, torch.full_like(keys, math.inf))  # inadmissible last
         order = keys.argsort(dim=-1, stable=True)
-        permuted = values.gather(-2, order.unsqueeze(-1).expand(*batch, n, d))
+        if batch:
+            permuted = values.gather(-2, order.unsqueeze(-1).expand(*batch, n, d))
+        else:  # one problem: a row gather, without an index per coordinate
+            permuted = values.index_select(0, order)
         present = admissible.gather(-1, order)
         buckets = math.ceil(n / self.s)
         pad = buckets * self.s - n
@@ -616,5 +619,6 @@ class Bucketing(Aggregator):
         sums = permuted.reshape(*batch, buckets, self.s, d).sum(-2)
         sizes = present.reshape(*batch, buckets, self.s).sum(-1)
         means = sums / _per_problem(sizes, sums)
-        means = torch.where((sizes > 0).unsqueeze(-1), means, torch.full_like(means, math.nan))  # empty: absent
+        if not bool((sizes > 0).all()):  # an empty bucket is absent
+            means = torch.where((sizes > 0).unsqueeze(-1), means, torch.full_like(means, math.nan))
         return self.inner(means, previous, generator)
