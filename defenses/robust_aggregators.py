@@ -102,15 +102,18 @@ def sort_columns(values: Tensor) -> Tensor:
     return values.sort(dim=-2).values
 
 
-def _mean_of_order_statistics(ordered: Tensor, count: Tensor, low: Tensor, high: Tensor) -> Tensor:
+def _mean_of_order_statistics(
+    ordered: Tensor, count: Tensor, low: Tensor, high: Tensor, consume: bool = False
+) -> Tensor:
     """Per coordinate, the mean of the order statistics at positions ``[low, high)``
     (of the ``count`` admissible ones) of ``ordered[..., N, d]``; zeros where the
-    range is empty."""
+    range is empty.  With ``consume`` the rows outside the range are zeroed in
+    ``ordered`` itself (a caller's fresh sort) instead of in a masked copy."""
     position = torch.arange(ordered.shape[-2], device=ordered.device).unsqueeze(-1)  # [N, 1]
     low, high = low.clamp_min(0), torch.minimum(high, count)
     keep = (position >= low[..., None, None]) & (position < high[..., None, None])
-    total = torch.where(keep, ordered, torch.zeros_like(ordered)).sum(-2)
-    return total / _per_problem(high - low, ordered)
+    kept = ordered.masked_fill_(~keep, 0.0) if consume else torch.where(keep, ordered, torch.zeros_like(ordered))
+    return kept.sum(-2) / _per_problem(high - low, ordered)
 
 
 def coordinate_median(rows: Rows) -> Tensor:
@@ -348,7 +351,7 @@ class TrimmedMean(_ByzantineBudget):
     def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         count = rows.count
         f = self._budget(count, (count - 1) // 2)
-        return _mean_of_order_statistics(_sorted_columns(rows), count, f, count - f)
+        return _mean_of_order_statistics(_sorted_columns(rows), count, f, count - f, consume=True)
 
 
 # -- Krum family -----------------------------------------------------------------------------
