@@ -53,6 +53,22 @@ def test_digits_grid_has_the_papers_placements_and_lengths(single_thread):
     assert fc.config["attack"]["source"] == "client_model"
 
 
+def test_merged_grid_starts_the_long_fc_cells_first(single_thread):
+    """Longest first: the same cells, every FC cell ahead of every other, FC's by
+    decreasing client-steps, the others in the order the parts gave them."""
+    parts = fig6.grids(fig6.DIGITS, None, quick=True, panels=fig6.PANELS)
+    given = [cell for grid in parts for cell in grid.cells]
+    ordered = fig6.merged(parts, "test").cells
+    assert sorted(c.cell for c in ordered) == sorted(c.cell for c in given)
+    is_fc = [c.axes["method"] == "FC" for c in ordered]
+    assert is_fc == sorted(is_fc, reverse=True)
+    fc_work = [c.config["rounds"] * c.n_clients for c in ordered if c.axes["method"] == "FC"]
+    assert fc_work == sorted(fc_work, reverse=True)
+    assert fc_work[0] == fig6.QUICK_BIT_FLIP_STEPS * 4 * (fig6.DIGITS.clients_per_cluster + fig6.DIGITS.byzantine)
+    others = [c.cell for c in ordered if c.axes["method"] != "FC"]
+    assert others == [c.cell for c in given if c.axes["method"] != "FC"]
+
+
 def _frame(fc: float, clean: float, global_: float) -> pd.DataFrame:
     rows = []
     for attack, placement, method, value in [

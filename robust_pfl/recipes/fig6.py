@@ -43,7 +43,7 @@ import pandas as pd
 
 from robust_pfl.backends import Backend
 from robust_pfl.grid import grid_results, run_grid
-from robust_pfl.grid_file import Grid, expand_grid
+from robust_pfl.grid_file import Grid, GridCell, expand_grid
 from robust_pfl.results import close_figure, png_writer, write_outputs
 
 FC_TOLERANCE = 3.0  # points
@@ -174,8 +174,25 @@ def grids(scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ..
 
 
 def merged(parts: list[Grid], source: str) -> Grid:
+    """One grid of ``parts``' cells, the longest first (:func:`longest_first`)."""
     columns = list(dict.fromkeys(column for grid in parts for column in grid.columns))
-    return Grid(source, columns, [cell for grid in parts for cell in grid.cells], parts[0].resources)
+    cells = longest_first([cell for grid in parts for cell in grid.cells])
+    return Grid(source, columns, cells, parts[0].resources)
+
+
+def longest_first(cells: list[GridCell]) -> list[GridCell]:
+    """FC's cells first, the most client-steps first; the others in their order.
+
+    An FC step costs about a hundred Global steps (every receiver clusters all
+    senders), so the FC cells are the grid's long ones: started first, they leave the
+    short cells to fill the other workers, and no worker runs one long cell alone at
+    the end (longest-processing-time-first scheduling)."""
+
+    def fc_work(cell: GridCell) -> int:
+        is_fc = any(method["name"] == "fc" for method in cell.config["methods"])
+        return cell.config["rounds"] * cell.n_clients if is_fc else 0
+
+    return sorted(cells, key=fc_work, reverse=True)  # stable: ties keep their order
 
 
 @dataclass(frozen=True)
