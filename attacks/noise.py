@@ -25,6 +25,7 @@ class GaussianNoise:
     name: ClassVar[str] = "gaussian_noise"
     summary: ClassVar[str] = "i.i.d. N(0, std^2) per coordinate, around zero or the own honest row"
     needs: ClassVar[frozenset[str]] = frozenset()
+    iid_rows: ClassVar[bool] = True  # around zero; noise around the own row reads the messages
     std: float = 200.0
     around: str = "zero"
 

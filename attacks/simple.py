@@ -23,6 +23,7 @@ class LargeGradient:
     summary: ClassVar[str] = "i.i.d. N(mean, std^2) per coordinate (official Fig. 6: mean 1e6, std 200)"
     needs: ClassVar[frozenset[str]] = frozenset()
     reads_messages: ClassVar[bool] = False
+    iid_rows: ClassVar[bool] = True  # rows drawn apart: see attack_draws_rows_apart
     mean: float = 1e6
     std: float = 200.0
 
@@ -48,6 +49,7 @@ class ConstantValue:
     summary: ClassVar[str] = "every Byzantine coordinate equal to one value (nan, inf, 1e38, ...)"
     needs: ClassVar[frozenset[str]] = frozenset()
     reads_messages: ClassVar[bool] = False
+    iid_rows: ClassVar[bool] = True  # rows drawn apart: see attack_draws_rows_apart
     value: float = math.nan
 
     def __post_init__(self) -> None:

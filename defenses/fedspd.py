@@ -239,8 +239,9 @@ class FedSPD(Algorithm):
 
     def _exchange(self, trained: Tensor, selected: Tensor, graph: Graph, round_index: int) -> Tensor:
         """Steps 2-3: the new ``centres[S, N, d]`` after every client broadcast its
-        trained centre and mixed what it received (receivers chunked to the memory
-        budget; the honest part is one product per cluster)."""
+        trained centre and mixed what it received.  The receivers are chunked to the
+        memory budget for their Byzantine rows (the only rows that differ between
+        receivers); the honest part is one product per cluster for all receivers."""
         fed, p = self.federation, self.params
         s_count = p.centres
         before = self.centres.clone()
@@ -250,36 +251,40 @@ class FedSPD(Algorithm):
         byzantine = fed.byzantine
         honest_ok = admissible_points(trained)  # finite (HeavyBall skips non-finite steps); checked all the same
         state = self._defense_state(graph, selected, mixing)
-        after = torch.empty_like(before)
+        honest_weights = mixing.new_empty(s_count, fed.clients, fed.clients)  # W_s without the attack's columns
+        after = torch.empty_like(before)  # the attack's part first, then the whole mix
         attacked = fed.attack is not None and bool(byzantine.any())
+        b_count = int(byzantine.sum())
         # without an attack every receiver gets the broadcast itself (a view): one chunk
         chunks = (
-            receiver_chunks(fed.clients, trained.shape[-1], p.budget_mb, trained.element_size())
+            receiver_chunks(fed.clients, trained.shape[-1], p.budget_mb, trained.element_size(), rows=b_count)
             if attacked
             else [clients]
         )
         for receivers in chunks:
             receivers = receivers.to(fed.device)
-            attack_rows = received_from_neighbours(  # [R, B, d]; the honest rows are ``before``'s
-                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers),
-                byzantine_only=True,
-            )
             own = receivers.unsqueeze(-1) == clients.unsqueeze(0)  # [R, N]
-            from_attack = byzantine.unsqueeze(0) & ~own  # rows the attack wrote
-            attack_ok = admissible_points(attack_rows)  # [R, B]
+            from_attack = byzantine.unsqueeze(0) & ~own  # rows the attack writes
+            needed = (graph.adjacency[receivers] & from_attack)[:, byzantine]  # [R, B]: Byzantine neighbours
+            attack_rows = received_from_neighbours(  # [P, d]: the needed rows; the honest ones are ``before``'s
+                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers),
+                byzantine_only=True, needed=needed,
+            )
+            attack_ok = admissible_points(attack_rows)  # [P]
             admissible = honest_ok.unsqueeze(0).expand_as(own).clone()
-            admissible[:, byzantine] = attack_ok
+            admissible[:, byzantine] = admissible[:, byzantine].masked_scatter(needed, attack_ok)
             coefficients = cluster_weights(
                 mixing[receivers], selected, receivers, s_count, p.graph.weights, admissible | own
             )
-            honest_part = coefficients * (~from_attack).to(coefficients.dtype)
-            attack_part = (coefficients * from_attack.to(coefficients.dtype))[:, :, byzantine]  # [S, R, B]
-            clean = attack_rows if bool(attack_ok.all()) else torch.where(attack_ok.unsqueeze(-1), attack_rows, 0.0)
-            for s in range(s_count):
-                mixed = honest_part[s] @ before[s]
-                if attack_part.shape[-1]:
-                    mixed = mixed + torch.einsum("rb,rbd->rd", attack_part[s], clean)
-                after[s, receivers] = mixed
+            honest_weights[:, receivers] = coefficients * (~from_attack).to(coefficients.dtype)
+            if b_count:
+                after[:, receivers] = _attack_part(coefficients[..., byzantine], needed, attack_rows, attack_ok)
+        for s in range(s_count):
+            mixed = honest_weights[s] @ before[s]
+            if b_count:
+                torch.add(mixed, after[s], out=after[s])
+            else:
+                after[s] = mixed
         return after
 
     def _defense_state(self, graph: Graph, selected: Tensor, mixing: Tensor) -> dict[str, Any]:
@@ -361,6 +366,21 @@ class FedSPD(Algorithm):
             batch = fed.train if p.finetune_batch is None else fed.train.sample(p.finetune_batch, stream)
             optimizer.apply(models, fed.gradients(models, batch))
         return models
+
+
+def _attack_part(coefficients: Tensor, needed: Tensor, rows: Tensor, admissible: Tensor) -> Tensor:
+    """``[S, R, d]``: each receiver's weighted sum of the Byzantine rows it reads.
+
+    ``coefficients[S, R, B]`` are the Byzantine columns of ``W_s``, ``needed[R, B]``
+    the pairs read and ``rows[P, d]`` their messages (``needed.nonzero()`` order); an
+    inadmissible row weighs nothing (its coefficient is 0 and it is read as zeros).
+    One ``[R, P] x [P, d]`` product per cluster."""
+    receiver, byzantine = needed.nonzero().unbind(-1)
+    clean = rows if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), rows, 0.0)
+    pairs = torch.arange(rows.shape[0], device=rows.device)
+    weights = rows.new_zeros(coefficients.shape[0], needed.shape[0], rows.shape[0])  # [S, R, P]
+    weights[:, receiver, pairs] = coefficients[:, receiver, byzantine]
+    return weights @ clean
 
 
 def cluster_weights(

@@ -27,6 +27,7 @@ def received_from_neighbours(
     defense_state: Mapping[str, Any] | None = None,
     out: Tensor | None = None,
     byzantine_only: bool = False,
+    needed: Tensor | None = None,
 ) -> Tensor:
     """``[R, N, d]``: what each receiver in ``receivers[R]`` gets from every client.
 
@@ -39,7 +40,9 @@ def received_from_neighbours(
     same values (without an attack the result is the broadcast's view, as without
     ``out``).
     With ``byzantine_only`` only the Byzantine rows, ``[R, B, d]`` (their broadcast rows
-    without an attack), for callers that take the honest rows from ``broadcast``.
+    without an attack), for callers that take the honest rows from ``broadcast``; with
+    ``needed[R, B]`` as well, only the rows each receiver reads, ``[P, d]`` in the
+    order of ``needed.nonzero()`` (see :meth:`Federation.deliver`).
     """
     received = broadcast.unsqueeze(0).expand(receivers.numel(), *broadcast.shape)
     byzantine = federation.byzantine
@@ -54,6 +57,7 @@ def received_from_neighbours(
             defense_state=defense_state,
             inplace=out is not None,
             byzantine_only=byzantine_only,
+            needed=needed,
         )
     rows = federation.deliver(
         received, round_index, kind, receivers=receivers, defense_state=defense_state, byzantine_only=True
@@ -63,9 +67,12 @@ def received_from_neighbours(
     return received
 
 
-def receiver_chunks(clients: int, dimension: int, budget_mb: float, itemsize: int = 4) -> Iterator[Tensor]:
-    """Receiver index chunks whose ``[R, N, d]`` received messages fit ``budget_mb``."""
-    per_receiver = max(1, clients * dimension * itemsize)
+def receiver_chunks(
+    clients: int, dimension: int, budget_mb: float, itemsize: int = 4, rows: int | None = None
+) -> Iterator[Tensor]:
+    """Receiver index chunks whose ``[R, rows, d]`` received messages fit ``budget_mb``
+    (``rows``: what each receiver gets, default every client's row)."""
+    per_receiver = max(1, (clients if rows is None else rows) * dimension * itemsize)
     size = max(1, int(budget_mb * 2**20) // per_receiver)
     for start in range(0, clients, size):
         yield torch.arange(start, min(start + size, clients))

@@ -25,6 +25,7 @@ from robust_pfl.types import (
     Attack,
     AttackContext,
     MessageKind,
+    attack_draws_rows_apart,
     attack_forges_losses,
     attack_reads_messages,
     attack_reads_own_rows,
@@ -216,6 +217,7 @@ class Federation:
         inplace: bool = False,
         out: Tensor | None = None,
         byzantine_only: bool = False,
+        needed: Tensor | None = None,
     ) -> Tensor:
         """Messages ``[..., S, d]`` as the aggregator receives them: honest rows
         unchanged, Byzantine rows replaced by the attack's output.  ``senders`` lists
@@ -231,15 +233,25 @@ class Federation:
         receiver gets the same honest broadcast but its own Byzantine messages
         (``messages`` may then be an expanded view; attacks never write to it).
 
+        ``needed[..., B]`` (with ``byzantine_only``) marks the Byzantine rows the caller
+        reads; the result is then those rows alone, ``[P, d]`` in the order of
+        ``needed.nonzero()``.  An attack whose rows are independent draws
+        (:func:`~robust_pfl.types.attack_draws_rows_apart`) draws only them; any
+        other attack makes every row and the needed ones are picked.
+
         Messages of kind ``"loss"`` (reported losses) are replaced only by an attack
         that forges losses (:func:`~robust_pfl.types.attack_forges_losses`)."""
+        if needed is not None and not byzantine_only:
+            raise ValueError("needed selects Byzantine rows: it needs byzantine_only=True")
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
         cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
         untouched = self.attack is None or not bool(byzantine.any())
         if not untouched and kind == "loss":
             untouched = not attack_forges_losses(self.attack)
         if untouched:
-            return messages[..., byzantine, :] if byzantine_only else messages
+            if not byzantine_only:
+                return messages
+            return messages[..., byzantine, :] if needed is None else _needed_rows(messages, byzantine, needed)
         context = AttackContext(
             round_index=round_index,
             kind=kind,
@@ -252,9 +264,13 @@ class Federation:
         )
         writer = _row_writer(self.attack)
         if byzantine_only and writer is not None:
+            if needed is not None and attack_draws_rows_apart(self.attack):
+                rows = messages.new_empty(int(needed.sum()), messages.shape[-1])
+                writer(messages, rows, context)
+                return rows
             rows = messages.new_empty(*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
             writer(messages, rows, context)
-            return rows
+            return _picked(rows, needed)
         span = None if writer is None else _block_span(byzantine)
         if span is not None:
             # the Byzantine rows are one block and the attack never reads them: it
@@ -269,7 +285,7 @@ class Federation:
                 f"attack returned shape {tuple(malicious.shape)}, expected {expected}"
             )
         if byzantine_only:
-            return malicious.to(messages.dtype)
+            return _picked(malicious.to(messages.dtype), needed)
         delivered = self._delivery_target(messages, inplace, out)
         delivered[..., byzantine, :] = malicious.to(messages.dtype)
         return delivered
@@ -279,6 +295,19 @@ class Federation:
         if inplace:
             return messages
         return messages.clone() if out is None else out.copy_(messages)
+
+
+def _needed_rows(messages: Tensor, byzantine: Tensor, needed: Tensor) -> Tensor:
+    """The rows of ``messages[..., S, d]`` that ``needed[..., B]`` marks among the
+    Byzantine senders, ``[P, d]``, gathered without an ``[..., B, d]`` copy."""
+    index = needed.nonzero().unbind(-1)
+    senders = byzantine.nonzero().squeeze(-1)[index[-1]]
+    return messages[(*index[:-1], senders)]
+
+
+def _picked(rows: Tensor, needed: Tensor | None) -> Tensor:
+    """``rows[..., B, d]``, or with ``needed[..., B]`` its needed rows ``[P, d]``."""
+    return rows if needed is None else rows[needed]
 
 
 def _row_writer(attack: Attack) -> Callable[[Tensor, Tensor, AttackContext], None] | None:

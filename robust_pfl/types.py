@@ -77,6 +77,15 @@ def attack_reads_own_rows(attack: Attack) -> bool:
     return attack_reads_messages(attack) and bool(getattr(attack, "reads_own_rows", True))
 
 
+def attack_draws_rows_apart(attack: Attack) -> bool:
+    """Whether every row of ``attack`` is an independent draw (or one constant) that
+    depends on nothing but its random stream: it reads no message and declares
+    ``iid_rows = True``.  A caller that reads only some Byzantine rows (a graph
+    system's Byzantine neighbours) may then have those alone drawn
+    (:meth:`robust_pfl.federation.Federation.deliver`'s ``needed``)."""
+    return not attack_reads_messages(attack) and bool(getattr(attack, "iid_rows", False))
+
+
 @dataclass
 class RoundRecord:
     """What one round of an algorithm exposes (for metrics and theory checks).

@@ -9,6 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attacks
+from attacks._stats import fill_normal
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from robust_pfl import ClientData, Federation
 from robust_pfl.graphs import Graph, GraphSpec, federation_graph, make_graph, place_byzantine
@@ -175,6 +177,45 @@ def test_without_an_attack_messages_arrive_as_sent():
     received = received_from_neighbours(fed, broadcast, 0, "model", torch.arange(8))
     assert torch.equal(received, broadcast.expand(8, -1, -1))
     assert torch.equal(fed.deliver(broadcast, 0, "model", byzantine_only=True), broadcast[fed.byzantine])
+
+
+NEEDED = torch.tensor([[True, False], [False, False], [True, True]])  # receivers 0, 3, 7; senders 5, 6
+
+
+def test_needed_rows_are_exactly_the_rows_of_the_full_delivery_they_mark():
+    """A per-receiver attack (rows not drawn apart) and no attack: asking for the
+    needed pairs gives the full delivery's rows at those pairs, in row-major order."""
+    broadcast = torch.randn(8, 3, dtype=torch.float64)
+    receivers = torch.tensor([0, 3, 7])
+    for attack in (PerReceiver(), None):
+        full = received_from_neighbours(federation(attack), broadcast, 4, "model", receivers, byzantine_only=True)
+        picked = received_from_neighbours(
+            federation(attack), broadcast, 4, "model", receivers, byzantine_only=True, needed=NEEDED
+        )
+        assert torch.equal(picked, full[NEEDED])
+    by_hand = received_from_neighbours(  # receiver 0 from sender 5, receiver 7 from 5 and 6
+        federation(PerReceiver()), broadcast, 4, "model", receivers, byzantine_only=True, needed=NEEDED
+    )
+    assert torch.equal(by_hand, torch.tensor([[0.0] * 3, [700.0] * 3, [701.0] * 3], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("attack", [attacks.LargeGradient(mean=3.0, std=2.0), attacks.GaussianNoise(std=5.0)])
+def test_attacks_that_draw_rows_apart_draw_only_the_needed_rows(attack):
+    """Rows drawn apart (i.i.d.): only the P needed rows are drawn, as one ``[P, d]``
+    block from the attack stream, so they equal that block drawn by hand."""
+    broadcast = torch.randn(8, 3, dtype=torch.float64)
+    fed = federation(attack, seed=3)
+    picked = received_from_neighbours(fed, broadcast, 0, "model", torch.tensor([0, 3, 7]), byzantine_only=True,
+                                      needed=NEEDED)
+    by_hand = torch.empty(3, 3, dtype=torch.float64)
+    mean = getattr(attack, "mean", 0.0)
+    fill_normal(by_hand, federation(attack, seed=3)._attack_rng, mean, attack.std)
+    assert torch.equal(picked, by_hand)
+
+
+def test_needed_without_byzantine_only_is_refused():
+    with pytest.raises(ValueError, match="byzantine_only"):
+        federation(PerReceiver()).deliver(torch.zeros(8, 3), 0, "model", needed=NEEDED)
 
 
 def test_loss_reports_are_changed_only_by_attacks_that_forge_losses():
