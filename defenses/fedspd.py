@@ -165,10 +165,11 @@ class FedSPD(Algorithm):
             self.labels = torch.randint(s, shape, generator=labels_rng, device=labels_rng.device).to(fed.device)
         self.rounds_done = 0
         self._personalised: tuple[int, Tensor] | None = None
+        self._spare: Tensor | None = None  # the last exchange's C_s, reused for the next one's result
 
     def __getstate__(self) -> dict[str, Any]:
-        # the personalised models are recomputed from the state on demand
-        return {**self.__dict__, "_personalised": None}
+        # the personalised models are recomputed from the state on demand; the spare is scratch
+        return {**self.__dict__, "_personalised": None, "_spare": None}
 
     # -- facts ---------------------------------------------------------------------------
     @property
@@ -252,7 +253,10 @@ class FedSPD(Algorithm):
         honest_ok = admissible_points(trained)  # finite (HeavyBall skips non-finite steps); checked all the same
         state = self._defense_state(graph, selected, mixing)
         honest_weights = mixing.new_empty(s_count, fed.clients, fed.clients)  # W_s without the attack's columns
-        after = torch.empty_like(before)  # the attack's part first, then the whole mix
+        spare, self._spare = getattr(self, "_spare", None), None  # checkpoints may predate it
+        fits = spare is not None and (spare.shape, spare.dtype, spare.device) == (before.shape, before.dtype, before.device)
+        # the attack's part first, then the whole mix; reused memory (fresh, its page faults cost 0.7 s at N = 250)
+        after = spare if fits else torch.empty_like(before)
         attacked = fed.attack is not None and bool(byzantine.any())
         b_count = int(byzantine.sum())
         # without an attack every receiver gets the broadcast itself (a view): one chunk
@@ -263,11 +267,12 @@ class FedSPD(Algorithm):
         )
         for receivers in chunks:
             receivers = receivers.to(fed.device)
+            span = slice(int(receivers[0]), int(receivers[-1]) + 1)  # the chunks are consecutive receivers
             own = receivers.unsqueeze(-1) == clients.unsqueeze(0)  # [R, N]
             from_attack = byzantine.unsqueeze(0) & ~own  # rows the attack writes
             needed = (graph.adjacency[receivers] & from_attack)[:, byzantine]  # [R, B]: Byzantine neighbours
             attack_rows = received_from_neighbours(  # [P, d]: the needed rows; the honest ones are ``before``'s
-                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers),
+                fed, trained, round_index, "model", receivers, self._receiver_state(state, graph, receivers, span),
                 byzantine_only=True, needed=needed,
             )
             attack_ok = admissible_points(attack_rows)  # [P]
@@ -276,15 +281,15 @@ class FedSPD(Algorithm):
             coefficients = cluster_weights(
                 mixing[receivers], selected, receivers, s_count, p.graph.weights, admissible | own
             )
-            honest_weights[:, receivers] = coefficients * (~from_attack).to(coefficients.dtype)
+            honest_weights[:, span] = coefficients * (~from_attack).to(coefficients.dtype)
             if b_count:
-                after[:, receivers] = _attack_part(coefficients[..., byzantine], needed, attack_rows, attack_ok)
+                after[:, span] = _attack_part(coefficients[..., byzantine], needed, attack_rows, attack_ok)
         for s in range(s_count):
-            mixed = honest_weights[s] @ before[s]
             if b_count:
-                torch.add(mixed, after[s], out=after[s])
+                after[s].addmm_(honest_weights[s], before[s])  # honest part + attack part
             else:
-                after[s] = mixed
+                torch.mm(honest_weights[s], before[s], out=after[s])
+        self._spare = before  # nothing else holds it
         return after
 
     def _defense_state(self, graph: Graph, selected: Tensor, mixing: Tensor) -> dict[str, Any]:
@@ -310,8 +315,8 @@ class FedSPD(Algorithm):
             "aggregate": aggregate,
         }
 
-    def _receiver_state(self, state: dict[str, Any], graph: Graph, receivers: Tensor) -> dict[str, Any]:
-        """``state`` as the receivers ``receivers[R]`` see it, for attacks that work per
+    def _receiver_state(self, state: dict[str, Any], graph: Graph, receivers: Tensor, span: slice) -> dict[str, Any]:
+        """``state`` as the receivers ``receivers[R]`` (the clients ``span``) see it, for attacks that work per
         receiver (the leading dimension of the delivered messages): ``centres[R, S, d]``,
         the S centres each receiver holds; ``neighbours[R, N]``, each receiver's closed
         neighbourhood; ``aggregate`` mapping messages ``[..., R, N, d]`` to the centre
@@ -329,7 +334,7 @@ class FedSPD(Algorithm):
         return {
             **state,
             "all_centres": self.centres,
-            "centres": self.centres[:, receivers].transpose(0, 1),
+            "centres": self.centres[:, span].transpose(0, 1),  # a view
             "neighbours": closed,
             "aggregate": aggregate,
         }
