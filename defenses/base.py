@@ -81,6 +81,8 @@ class HeavyBall:
     parameter row.
     """
 
+    _buffer_bound: tuple[Tensor, int, float] | None = None  # a class default: older checkpoints load too
+
     def __init__(self, lr: float, momentum: float, like: Tensor) -> None:
         self.lr = lr
         self.momentum = momentum
@@ -93,15 +95,18 @@ class HeavyBall:
         self._moved: Tensor | None = None  # candidate parameters, for whole-tensor steps
         # (params, its version counter, a bound on max|params|) after an in-place step
         self._bound: tuple[Tensor, int, float] | None = None
+        self._buffer_bound = None  # the same for the momentum buffer
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled state (a checkpoint): without the two scratch tensors (rebuilt on
         the next whole-tensor step), and with the carried bound marked valid or not,
         since unpickled tensors restart their version counters."""
         state = {**self.__dict__, "_spare": None, "_moved": None}
-        if self._bound is not None:
-            params, version, bound = self._bound
-            state["_bound"] = (params, params._version == version, bound)
+        for name in ("_bound", "_buffer_bound"):
+            carried = getattr(self, name, None)
+            if carried is not None:
+                tensor, version, bound = carried
+                state[name] = (tensor, tensor._version == version, bound)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -109,9 +114,11 @@ class HeavyBall:
             buffer = state.pop("buffer")
             state.update(_buffer=buffer, _like=(buffer.shape, buffer.dtype, buffer.device))
         self.__dict__.update(state)
-        if self._bound is not None:
-            params, valid, bound = self._bound
-            self._bound = (params, params._version, bound) if valid else None
+        for name in ("_bound", "_buffer_bound"):
+            carried = state.get(name)
+            if carried is not None:
+                tensor, valid, bound = carried
+                setattr(self, name, (tensor, tensor._version, bound) if valid else None)
 
     def fits(self, lr: float, momentum: float, like: Tensor) -> bool:
         """Whether this optimiser has ``lr`` and ``momentum`` and rows shaped as ``like``."""
@@ -122,6 +129,7 @@ class HeavyBall:
         the scratch memory."""
         if self._buffer is not None:
             self._buffer.zero_()
+            self._buffer_bound = (self._buffer, self._buffer._version, 0.0)
         self.skipped = 0
         self._bound = None
 
@@ -185,16 +193,40 @@ class HeavyBall:
     def _largest(self, params: Tensor) -> float:
         """``max|x|`` over ``params``, or an upper bound on it carried from the last
         in-place step when ``params`` was not written since (its version counter)."""
-        if self._bound is not None:
-            tensor, version, bound = self._bound
-            if tensor is params and params._version == version:
-                return bound
-        return _max_abs(params)
+        return _carried_max(params, self._bound)
+
+    def _step_in_place(self, params: Tensor, update: Tensor) -> bool:
+        """:meth:`_apply_all` written straight into ``params`` and the buffer, when no
+        row can fail its check: with every entry of the update, the new buffer and the
+        new parameters below half the dtype's maximum over ``d``, every row sum is
+        finite, so the checked path would commit every row.  The same arithmetic as
+        that path (bit for bit), without its candidate tensors, three row-sum passes
+        and copy.  Bounds on ``max|x|`` and ``max|m|`` carry over from step to step;
+        NaN or Inf in the update fails the test.  Returns whether it stepped."""
+        if params.numel() == 0 or update.shape != params.shape:
+            return False
+        limit = 0.5 * torch.finfo(params.dtype).max / params.shape[-1]
+        widen = 1 + 4 * torch.finfo(params.dtype).eps  # the rounding of each new entry
+        largest_update = _max_abs(update)
+        step = largest_update
+        if self.momentum:
+            step = (largest_update + self.momentum * _carried_max(self.buffer, self._buffer_bound)) * widen
+        moved = (self._largest(params) + self.lr * step) * widen
+        if not (largest_update < limit and step < limit and moved < limit):  # NaN compares False
+            return False
+        if self.momentum:
+            torch.add(update, self.buffer, alpha=self.momentum, out=self.buffer)
+            self._buffer_bound = (self.buffer, self.buffer._version, step)
+        params.add_(self.buffer if self.momentum else update, alpha=-self.lr)
+        self._bound = (params, params._version, moved)
+        return True
 
     def _apply_all(self, params: Tensor, update: Tensor) -> None:
-        """:meth:`apply` on every row, through two reused scratch tensors (a fresh
-        ``[N, d]`` result per round costs page faults), with the same checks as the
-        row path."""
+        """:meth:`apply` on every row: in place when no row can fail its check
+        (:meth:`_step_in_place`), else through two reused scratch tensors (a fresh
+        ``[N, d]`` result per round costs page faults) with the row path's checks."""
+        if self._step_in_place(params, update):
+            return
         if self._moved is None or self._moved.shape != params.shape:
             self._moved = torch.empty_like(params)
             self._spare = torch.empty_like(params) if self.momentum else None
@@ -240,6 +272,16 @@ def _subtract_rows(params: Tensor, source: Tensor, index: Tensor, lr: float) -> 
     for row, rows in enumerate(torch.split(order, counts)):
         if rows.numel():
             params.index_add_(0, rows, source[row].expand(rows.numel(), -1), alpha=-lr)
+
+
+def _carried_max(tensor: Tensor, carried: tuple[Tensor, int, float] | None) -> float:
+    """``max|tensor|``, or the bound ``carried`` holds for it when it was set for this
+    very tensor and the tensor was not written since (its version counter)."""
+    if carried is not None:
+        held, version, bound = carried
+        if held is tensor and tensor._version == version:
+            return bound
+    return _max_abs(tensor)
 
 
 def _max_abs(x: Tensor) -> float:
