@@ -65,6 +65,12 @@ class Algorithm:
         """``tensor`` as a record may hold it: a copy when :attr:`snapshot_records`."""
         return tensor.clone() if self.snapshot_records and tensor is not None else tensor
 
+    def per_client(self, cluster_rows: Tensor, assignment: Tensor) -> Tensor | None:
+        """A record's per-client rows ``cluster_rows[assignment]`` when records are
+        snapshots; without snapshots ``None`` (an ``[N, d]`` gather that nothing in a
+        run reads: the record's ``cluster_updates`` give them, see :class:`RoundRecord`)."""
+        return cluster_rows[assignment] if self.snapshot_records else None
+
     def step(self, round_index: int) -> RoundRecord:
         raise NotImplementedError
 

@@ -140,10 +140,9 @@ class GroundTruth(Algorithm):
         means, sizes = group_mean(received, fed.cluster_ids, fed.clusters, include)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
-        # without snapshots the record may alias a buffer: the per-client rows go to a reused one
-        updates = means[fed.cluster_ids] if self.snapshot_records else self._round.gather(means, fed.cluster_ids, "updates")
         return RoundRecord(
-            round_index, gradients=self.kept(grads), updates=updates, assignment=fed.cluster_ids
+            round_index, gradients=self.kept(grads), updates=self.per_client(means, fed.cluster_ids),
+            assignment=fed.cluster_ids, cluster_updates=means,
         )
 
     def client_models(self) -> Tensor:

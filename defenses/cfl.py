@@ -158,12 +158,11 @@ class ClusteredFL(Algorithm):
         means, sizes = admissible_group_mean(updates, self.assignment, self.models.shape[0])
         active = (sizes > 0).nonzero().squeeze(-1)
         self.optimizer.apply(self.models, means[active], rows=active)
-        # without snapshots the record may alias buffers: the per-client rows go to a reused one
-        per_client = means[self.assignment] if self.snapshot_records else self._round.gather(means, self.assignment, "updates")
         return RoundRecord(
             round_index,
             gradients=self.kept(gradients),
-            updates=per_client,
+            updates=self.per_client(means, self.assignment),
+            cluster_updates=means,
             centres=self.models.clone(),
             assignment=self.assignment.clone(),
             extras={"splits": splits},

@@ -77,15 +77,12 @@ class _ClusterChoice(Algorithm):
 
         return {"models": self.models, "assignment": self.assignment, "aggregate": aggregate}
 
-    def _record(
-        self, round_index: int, gradients: Tensor, cluster_updates: Tensor, updates: Tensor | None = None
-    ) -> RoundRecord:
-        """``updates``: the per-client rows ``cluster_updates[assignment]``, when the
-        caller gathered them already (into a reused buffer)."""
+    def _record(self, round_index: int, gradients: Tensor, cluster_updates: Tensor) -> RoundRecord:
         return RoundRecord(
             round_index,
             gradients=gradients,
-            updates=cluster_updates[self.assignment] if updates is None else updates,
+            updates=self.per_client(cluster_updates, self.assignment),
+            cluster_updates=cluster_updates,
             centres=self.models.clone(),
             assignment=self.assignment,
         )
@@ -123,9 +120,7 @@ class IFCA(_ClusterChoice):
         means, sizes = self._cluster_means(received)
         active = sizes > 0
         self.optimizer.apply(self.models, means[active], rows=active.nonzero().squeeze(-1))
-        # without snapshots the record may alias a buffer: the per-client rows go to a reused one
-        updates = None if self.snapshot_records else self._round.gather(means, self.assignment, "updates")
-        return self._record(round_index, self.kept(grads), means, updates)
+        return self._record(round_index, self.kept(grads), means)
 
 
 @register

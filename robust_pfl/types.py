@@ -96,8 +96,9 @@ class RoundRecord:
     client was assigned this round (``[N]``), if the algorithm forms clusters.
     Records are snapshots unless the algorithm's ``snapshot_records`` was turned off
     (then tensors may be buffers the algorithm overwrites in its next step, and
-    algorithms that send each client its cluster's centre leave ``updates`` out: it is
-    ``centres[assignment]``).  When the
+    algorithms whose clients apply their cluster's vector leave ``updates`` out: it is
+    ``cluster_updates[assignment]``, or ``centres[assignment]`` for those that send
+    each client its cluster's centre).  When the
     attack reads no message (``reads_messages = False``) or only the honest senders'
     rows (``reads_own_rows = False``), engines skip the Byzantine clients' honest work:
     their rows of ``gradients``/``momenta`` are then not honest values (zeros, or what
@@ -110,4 +111,5 @@ class RoundRecord:
     updates: Tensor | None = None
     centres: Tensor | None = None
     assignment: Tensor | None = None
+    cluster_updates: Tensor | None = None  # [K, d]: the vector each cluster's clients applied
     extras: dict[str, Any] = field(default_factory=dict)

@@ -145,7 +145,7 @@ class SpyAttack:
 
 
 def record_tensors(record: RoundRecord) -> dict[str, torch.Tensor]:
-    fields = ("gradients", "momenta", "updates", "centres", "assignment")
+    fields = ("gradients", "momenta", "updates", "centres", "assignment", "cluster_updates")
     return {f: getattr(record, f) for f in fields if getattr(record, f) is not None}
 
 
@@ -280,9 +280,9 @@ def test_skipping_work_for_unread_byzantine_rows_changes_no_honest_model(name, a
 def test_turning_record_snapshots_off_changes_no_result(name):
     """``snapshot_records = False`` (what the experiment runner sets) only lets records
     alias the algorithm's reused buffers (and leave out what is never materialised:
-    MC's gradients, and the server-clustering updates, which are
-    ``centres[assignment]``): models and every tensor a record still carries are
-    bit-identical to the snapshotting run."""
+    MC's gradients, and the per-client updates of clustered systems, which are
+    ``cluster_updates[assignment]`` or ``centres[assignment]``): models and every
+    tensor a record still carries are bit-identical to the snapshotting run."""
     runs = []
     for snapshot in (True, False):
         task = make_task(0, method=name)
@@ -297,8 +297,9 @@ def test_turning_record_snapshots_off_changes_no_result(name):
     assert torch.equal(models_on, models_off)
     for on, off in zip(records_on, records_off):
         assert set(off) <= set(on)
-        if "updates" in on and "updates" not in off:  # the centre each client applied
-            assert torch.equal(on["updates"], off["centres"][off["assignment"]])
+        if "updates" in on and "updates" not in off:  # the cluster's vector each client applied
+            applied = off["cluster_updates"] if "cluster_updates" in off else off["centres"]
+            assert torch.equal(on["updates"], applied[off["assignment"]])
         for key in off:
             assert torch.equal(on[key], off[key]), key
 
