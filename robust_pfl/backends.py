@@ -10,10 +10,12 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator, Protocol, Sequence
 
@@ -47,7 +49,8 @@ class CellOutcome:
 def execute_cell(task: CellTask) -> CellOutcome:
     """Run one cell on ``task.threads`` torch threads with deterministic algorithms
     (restored afterwards, so an in-process run leaves the caller's settings); an
-    ``Exception`` becomes the outcome's ``error``."""
+    ``Exception`` becomes the outcome's ``error``.  A checkpointed (long) cell writes a
+    line to stderr when it resumes and at each checkpoint, with its minutes so far."""
     import torch
 
     from robust_pfl.experiments import run_cell_config
@@ -62,7 +65,8 @@ def execute_cell(task: CellTask) -> CellOutcome:
     error = None
     try:
         checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
-        raw = run_cell_config(task.config, task.source, checkpoint=checkpoint)
+        report = None if checkpoint is None else partial(_report, task.source, start)
+        raw = run_cell_config(task.config, task.source, checkpoint=checkpoint, report=report)
         rows = [{"round": int(r["round"]), "metric": str(r["metric"]), "value": float(r["value"])} for r in raw]
     except Exception as caught:  # a failing cell is recorded; the grid goes on
         error = f"{type(caught).__name__}: {caught}"
@@ -70,6 +74,11 @@ def execute_cell(task: CellTask) -> CellOutcome:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     return CellOutcome(task.cell, rows, error, time.perf_counter() - start)
+
+
+def _report(source: str, start: float, message: str) -> None:
+    minutes = (time.perf_counter() - start) / 60
+    print(f"{source}: {message} ({minutes:.1f} min in this run)", file=sys.stderr, flush=True)
 
 
 class Backend(Protocol):

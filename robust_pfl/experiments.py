@@ -189,6 +189,7 @@ def run_method(
     on_round: Callable[[], None] | None = None,
     task: Task | None = None,
     checkpoint: Path | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> ResultTable:
     """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``.
 
@@ -197,7 +198,8 @@ def run_method(
     :class:`~robust_pfl.checkpoint.CheckpointError`), save the run's full state there
     atomically every ``checkpoint_every`` rounds and after the last, and give the
     same rows and models as a run without interruption (see :mod:`robust_pfl.checkpoint`).
-    A finished checkpoint returns its rows without stepping."""
+    A finished checkpoint returns its rows without stepping.  ``report`` receives a
+    line when the run resumes and at every checkpoint it saves."""
     parts = RunParts.build(config, seed, task)
     every = config.checkpoint_every if checkpoint is not None else None
     key = fingerprint(config, method, seed) if every is not None else ""
@@ -205,6 +207,8 @@ def run_method(
         saved = parts.restore(Path(checkpoint), key)
         restore_global_random_state(saved.random_state)
         done, algorithm, table = saved.done, saved.algorithm, saved.table
+        if report is not None:
+            report(f"resumed at round {done} of {config.rounds}")
     else:
         done, algorithm, table = 0, defenses.build(method.name, parts.federation, method.options()), ResultTable()
         algorithm.snapshot_records = False  # each record is read within its round only
@@ -226,6 +230,8 @@ def run_method(
         if every is not None and (done % every == 0 or done == config.rounds):
             state = {"algorithm": algorithm, "rows": table.rows, "random": global_random_state()}
             save_checkpoint(Path(checkpoint), done, key, state, parts.shared(federation))
+            if report is not None:
+                report(f"round {done} of {config.rounds} checkpointed")
     return table
 
 
@@ -338,14 +344,18 @@ class EpochRedealer:
 
 
 def run_cell_config(
-    payload: dict[str, Any], source: str, timed: bool = False, checkpoint: Path | None = None
+    payload: dict[str, Any],
+    source: str,
+    timed: bool = False,
+    checkpoint: Path | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Tidy rows ``(round, metric, value)`` of a grid cell's config (one method, one
     seed), validated first; ``timed`` adds its wall time as metric ``seconds``;
-    ``checkpoint`` goes to :func:`run_method`."""
+    ``checkpoint`` and ``report`` go to :func:`run_method`."""
     config = validate(parse_config(payload, source), source)
     start = time.perf_counter()
-    table = run_method(config.methods[0], config, config.seeds[0], checkpoint=checkpoint)
+    table = run_method(config.methods[0], config, config.seeds[0], checkpoint=checkpoint, report=report)
     rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
     if timed:
         rows.append({"round": config.rounds, "metric": "seconds", "value": time.perf_counter() - start})

@@ -250,10 +250,10 @@ def test_checkpointed_cells_store_the_same_rows_and_leave_no_checkpoint(tmp_path
     pd.testing.assert_frame_equal(comparable(with_checkpoints), comparable(read_results(tmp_path / "plain")))
 
 
-def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch):
+def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch, capsys):
     """A cell that fails after its checkpoint at round 2 is recorded as errored and
     keeps its checkpoint; the rerun steps only rounds 2-5 and stores what an
-    uninterrupted run stores."""
+    uninterrupted run stores.  Each checkpoint and the resume are reported on stderr."""
     from robust_pfl.federation import Federation
 
     one_cell = {"seeds": [0], "methods": [{"name": "fc", "lr": 0.05, "heavy_ball": 0.9}],
@@ -270,12 +270,18 @@ def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch)
 
     monkeypatch.setattr(Federation, "sample_batch", sample_batch)
     failing = True
+    capsys.readouterr()
     first = run_grid(grid, tmp_path / "resumed")
     assert first["errors"] == 1 and "interrupted in round 3" in next(iter(first["errored"].values()))
+    reported = capsys.readouterr().err
+    assert "round 2 of 6 checkpointed" in reported and "round 4 of 6" not in reported
     assert [path.name for path in (tmp_path / "resumed" / "checkpoints").iterdir()] == [f"{grid.cells[0].cell}.pt"]
     failing, batches[:] = False, []
     second = run_grid(grid, tmp_path / "resumed")
     assert second["errors"] == 0 and len(batches) == 4  # rounds 2, 3, 4 and 5 only
+    lines = [line for line in capsys.readouterr().err.splitlines() if grid.cells[0].cell in line]
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in lines] == [
+        "resumed at round 2 of 6", "round 4 of 6 checkpointed", "round 6 of 6 checkpointed"]
     pd.testing.assert_frame_equal(comparable(read_results(tmp_path / "resumed")), comparable(read_results(tmp_path / "whole")))
 
 
