@@ -209,8 +209,8 @@ class HeavyBall:
         that path (bit for bit), without its candidate tensors, three row-sum passes
         and copy.  Bounds on ``max|x|`` and ``max|m|`` carry over from step to step;
         NaN or Inf in the update fails the test.  Returns whether it stepped."""
-        if params.numel() == 0 or update.shape != params.shape:
-            return False
+        if params.numel() == 0 or update.shape != params.shape or self.lr < 0 or self.momentum < 0:
+            return False  # the bounds below add lr and momentum as they are
         limit = 0.5 * torch.finfo(params.dtype).max / params.shape[-1]
         widen = 1 + 4 * torch.finfo(params.dtype).eps  # the rounding of each new entry
         largest_update = _max_abs(update)

@@ -267,7 +267,8 @@ class FedSPD(Algorithm):
         )
         for receivers in chunks:
             receivers = receivers.to(fed.device)
-            span = slice(int(receivers[0]), int(receivers[-1]) + 1)  # the chunks are consecutive receivers
+            span = slice(int(receivers[0]), int(receivers[-1]) + 1)
+            assert span.stop - span.start == receivers.numel(), "receiver chunks are consecutive clients"
             own = receivers.unsqueeze(-1) == clients.unsqueeze(0)  # [R, N]
             from_attack = byzantine.unsqueeze(0) & ~own  # rows the attack writes
             needed = (graph.adjacency[receivers] & from_attack)[:, byzantine]  # [R, B]: Byzantine neighbours
@@ -379,13 +380,21 @@ def _attack_part(coefficients: Tensor, needed: Tensor, rows: Tensor, admissible:
     ``coefficients[S, R, B]`` are the Byzantine columns of ``W_s``, ``needed[R, B]``
     the pairs read and ``rows[P, d]`` their messages (``needed.nonzero()`` order); an
     inadmissible row weighs nothing (its coefficient is 0 and it is read as zeros).
-    One ``[R, P] x [P, d]`` product per cluster."""
-    receiver, byzantine = needed.nonzero().unbind(-1)
+    Each receiver's rows are laid out in ``w`` slots (its most Byzantine neighbours,
+    zero-padded): one batched product over receivers, in at most the ``[R, B, d]``
+    memory the caller budgets for."""
+    s_count, r_count = coefficients.shape[:2]
+    counts = needed.sum(-1)  # [R]
+    width = int(counts.max()) if r_count else 0
+    if width == 0:
+        return rows.new_zeros(s_count, r_count, rows.shape[-1])
     clean = rows if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), rows, 0.0)
-    pairs = torch.arange(rows.shape[0], device=rows.device)
-    weights = rows.new_zeros(coefficients.shape[0], needed.shape[0], rows.shape[0])  # [S, R, P]
-    weights[:, receiver, pairs] = coefficients[:, receiver, byzantine]
-    return weights @ clean
+    slots = torch.arange(width, device=rows.device) < counts.unsqueeze(-1)  # [R, w]: a receiver's first slots
+    padded = rows.new_zeros(r_count, width, rows.shape[-1])
+    padded[slots] = clean  # row-major: the pairs in needed.nonzero() order
+    weights = coefficients.new_zeros(s_count, r_count, width)
+    weights[:, slots] = coefficients[:, needed]
+    return torch.einsum("srw,rwd->srd", weights, padded)
 
 
 def cluster_weights(

@@ -241,9 +241,14 @@ class Federation:
 
         Messages of kind ``"loss"`` (reported losses) are replaced only by an attack
         that forges losses (:func:`~robust_pfl.types.attack_forges_losses`)."""
-        if needed is not None and not byzantine_only:
-            raise ValueError("needed selects Byzantine rows: it needs byzantine_only=True")
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
+        if needed is not None:
+            if not byzantine_only:
+                raise ValueError("needed selects Byzantine rows: it needs byzantine_only=True")
+            expected = (*messages.shape[:-2], int(byzantine.sum()))
+            if tuple(needed.shape) != expected:
+                raise ValueError(f"needed must be shaped {expected} (the messages' leading dims, then one "
+                                 f"entry per Byzantine sender); got {tuple(needed.shape)}")
         cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
         untouched = self.attack is None or not bool(byzantine.any())
         if not untouched and kind == "loss":
@@ -266,7 +271,12 @@ class Federation:
         if byzantine_only and writer is not None:
             if needed is not None and attack_draws_rows_apart(self.attack):
                 rows = messages.new_empty(int(needed.sum()), messages.shape[-1])
-                writer(messages, rows, context)
+                # one draw per receiver, in order: the values do not depend on how the
+                # caller chunks its receivers (the loop is over the attack's blocks,
+                # as fill_normal's own)
+                for block in rows.split(needed.reshape(-1, needed.shape[-1]).sum(-1).tolist()):
+                    if block.shape[0]:
+                        writer(messages, block, context)
                 return rows
             rows = messages.new_empty(*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
             writer(messages, rows, context)

@@ -430,8 +430,10 @@ def test_heavy_ball_never_writes_non_finite_parameters(start, lr, momentum, step
     st.sampled_from([1.0, 3e37]),
     st.sampled_from([None, 3e38, -3.3e38]),
     st.booleans(),
+    st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]),
 )
-def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum, values, scale, written, in_buffer):
+def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum, values, scale, written, in_buffer,
+                                                                 dtype):
     """The whole-tensor path (in place when no row can fail the check, else reused
     scratch buffers and a swapped momentum buffer) and the row-subset path are one
     rule: the same parameters, buffer and skip count after three steps, with hostile
@@ -439,16 +441,17 @@ def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum,
     entry written by someone else between two steps (a bound carried from the last
     step must then not be used)."""
     g = torch.Generator().manual_seed(rows)
-    start = torch.randn(rows, 3, generator=g, dtype=torch.float32) * scale
-    update = torch.tensor(values[: rows * 3] + [0.0] * max(0, rows * 3 - 6), dtype=torch.float32)
+    start = (torch.randn(rows, 3, generator=g, dtype=torch.float64) * scale).to(dtype)
+    update = torch.tensor(values[: rows * 3] + [0.0] * max(0, rows * 3 - 6), dtype=torch.float64).to(dtype)
     update = update[: rows * 3].reshape(rows, 3)
     whole, subset = start.clone(), start.clone()
     opt_whole = HeavyBall(0.1, momentum, whole)
     opt_subset = HeavyBall(0.1, momentum, subset)
     for step, factor in enumerate((1.0, -0.5, 2.0)):
         if step == 2 and written is not None:
+            largest = torch.finfo(dtype).max  # near the dtype's overflow, still finite
             for params, opt in ((whole, opt_whole), (subset, opt_subset)):
-                (opt.buffer if in_buffer and momentum else params)[-1, 0] = written
+                (opt.buffer if in_buffer and momentum else params)[-1, 0] = max(min(written, largest), -largest)
         opt_whole.apply(whole, update * factor)
         opt_subset.apply(subset, update * factor, rows=torch.arange(rows))
     assert torch.equal(whole, subset)
@@ -494,6 +497,15 @@ def test_heavy_ball_gathered_step_equals_apply(rows, k, momentum, hostile, scale
     assert torch.equal(gathered, plain)
     assert opt_gathered.skipped == opt_plain.skipped
     assert torch.equal(opt_gathered.buffer, opt_plain.buffer)
+
+
+def test_heavy_ball_with_a_negative_rate_still_skips_what_would_overflow():
+    """The in-place step's bounds add the learning rate as it is: a negative one (no
+    validated config sets it, the class accepts it) must take the checked path."""
+    params = torch.tensor([[1.6e38]])
+    opt = HeavyBall(-1.5, 0.0, params)
+    opt.apply(params, params.clone())  # 1.6e38 + 1.5 * 1.6e38 overflows
+    assert torch.isfinite(params).all() and opt.skipped == 1
 
 
 def test_heavy_ball_gathered_step_rechecks_parameters_written_by_someone_else():

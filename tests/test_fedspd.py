@@ -352,6 +352,24 @@ def test_under_attack_honest_models_stay_finite_and_the_damage_is_as_stated(atta
         assert losses["attack"] < limit * losses["none"]
 
 
+@pytest.mark.parametrize(
+    "attack",
+    [attacks.LargeGradient(mean=3.0, std=2.0), attacks.GaussianNoise(std=5.0), attacks.build("alie"), None],
+    ids=["large_gradient", "gaussian_noise", "alie", "none"],
+)
+def test_the_memory_budget_does_not_change_results(attack):
+    """``budget_mb`` only decides how many receivers are handled at once: the honest
+    centres are the same with one receiver per chunk and with all in one (attacks
+    that draw only the rows read draw one block per receiver, whatever the chunks)."""
+    _, _, train, _, _, mask = mixture_task(clients=12, byzantine=3)
+    spec = GraphSpec(kind="erdos_renyi", p=0.5)
+    centres = []
+    for budget in (1e-4, 256.0):  # 1e-4 MB: one receiver per chunk
+        algo = trained(FedSPD(federation(train, mask, attack=attack), FedSPD.Params(graph=spec, budget_mb=budget)), 3)
+        centres.append(algo.centres[:, ~mask])
+    torch.testing.assert_close(centres[0], centres[1], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("rule", ["uniform", "metropolis"])
 def test_aggregate_probe_gives_what_the_honest_exchange_gives(rule):
     """The probe an adaptive attack may call: for the honest broadcast it returns the

@@ -213,9 +213,14 @@ def test_attacks_that_draw_rows_apart_draw_only_the_needed_rows(attack):
     assert torch.equal(picked, by_hand)
 
 
-def test_needed_without_byzantine_only_is_refused():
+def test_needed_without_byzantine_only_or_of_the_wrong_shape_is_refused():
     with pytest.raises(ValueError, match="byzantine_only"):
         federation(PerReceiver()).deliver(torch.zeros(8, 3), 0, "model", needed=NEEDED)
+    received = torch.zeros(3, 8, 3)
+    for wrong in (NEEDED[0], NEEDED[:2], torch.ones(3, 3, dtype=torch.bool)):
+        with pytest.raises(ValueError, match=r"needed must be shaped \(3, 2\)"):
+            federation(PerReceiver()).deliver(received, 0, "model", receivers=torch.tensor([0, 3, 7]),
+                                              byzantine_only=True, needed=wrong)
 
 
 def test_loss_reports_are_changed_only_by_attacks_that_forge_losses():
