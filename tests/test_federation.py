@@ -441,7 +441,8 @@ def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum,
     entry written by someone else between two steps (a bound carried from the last
     step must then not be used)."""
     g = torch.Generator().manual_seed(rows)
-    start = (torch.randn(rows, 3, generator=g, dtype=torch.float64) * scale).to(dtype)
+    largest = torch.finfo(dtype).max  # parameters start finite in every dtype
+    start = (torch.randn(rows, 3, generator=g, dtype=torch.float64) * scale).clamp(-largest, largest).to(dtype)
     update = torch.tensor(values[: rows * 3] + [0.0] * max(0, rows * 3 - 6), dtype=torch.float64).to(dtype)
     update = update[: rows * 3].reshape(rows, 3)
     whole, subset = start.clone(), start.clone()
@@ -449,7 +450,6 @@ def test_heavy_ball_whole_tensor_step_equals_the_row_subset_step(rows, momentum,
     opt_subset = HeavyBall(0.1, momentum, subset)
     for step, factor in enumerate((1.0, -0.5, 2.0)):
         if step == 2 and written is not None:
-            largest = torch.finfo(dtype).max  # near the dtype's overflow, still finite
             for params, opt in ((whole, opt_whole), (subset, opt_subset)):
                 (opt.buffer if in_buffer and momentum else params)[-1, 0] = max(min(written, largest), -largest)
         opt_whole.apply(whole, update * factor)
