@@ -146,6 +146,10 @@ class FedSPD(Algorithm):
     Params = FedSPDParams
     forms_clusters = True
 
+    # the last exchange's C_s, reused for the next one's result; scratch, left out of
+    # checkpoints (a class default, so older ones load too)
+    _spare: Tensor | None = None
+
     def __init__(self, federation: Federation, params: FedSPDParams) -> None:
         super().__init__(federation, params)
         fed, s = federation, params.centres
@@ -165,7 +169,6 @@ class FedSPD(Algorithm):
             self.labels = torch.randint(s, shape, generator=labels_rng, device=labels_rng.device).to(fed.device)
         self.rounds_done = 0
         self._personalised: tuple[int, Tensor] | None = None
-        self._spare: Tensor | None = None  # the last exchange's C_s, reused for the next one's result
 
     def __getstate__(self) -> dict[str, Any]:
         # the personalised models are recomputed from the state on demand; the spare is scratch
@@ -253,9 +256,10 @@ class FedSPD(Algorithm):
         honest_ok = admissible_points(trained)  # finite (HeavyBall skips non-finite steps); checked all the same
         state = self._defense_state(graph, selected, mixing)
         honest_weights = mixing.new_empty(s_count, fed.clients, fed.clients)  # W_s without the attack's columns
-        spare, self._spare = getattr(self, "_spare", None), None  # checkpoints may predate it
+        spare, self._spare = self._spare, None
         fits = spare is not None and (spare.shape, spare.dtype, spare.device) == (before.shape, before.dtype, before.device)
-        # the attack's part first, then the whole mix; reused memory (fresh, its page faults cost 0.7 s at N = 250)
+        # the attack's part first, then the whole mix, in reused memory (a fresh [S, N, d]
+        # tensor page-faults on its first writes)
         after = spare if fits else torch.empty_like(before)
         attacked = fed.attack is not None and bool(byzantine.any())
         b_count = int(byzantine.sum())

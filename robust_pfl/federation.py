@@ -270,14 +270,7 @@ class Federation:
         writer = _row_writer(self.attack)
         if byzantine_only and writer is not None:
             if needed is not None and attack_draws_rows_apart(self.attack):
-                rows = messages.new_empty(int(needed.sum()), messages.shape[-1])
-                # one draw per receiver, in order: the values do not depend on how the
-                # caller chunks its receivers (the loop is over the attack's blocks,
-                # as fill_normal's own)
-                for block in rows.split(needed.reshape(-1, needed.shape[-1]).sum(-1).tolist()):
-                    if block.shape[0]:
-                        writer(messages, block, context)
-                return rows
+                return _needed_draws(writer, messages, needed, context)
             rows = messages.new_empty(*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
             writer(messages, rows, context)
             return _picked(rows, needed)
@@ -305,6 +298,20 @@ class Federation:
         if inplace:
             return messages
         return messages.clone() if out is None else out.copy_(messages)
+
+
+def _needed_draws(
+    writer: Callable[[Tensor, Tensor, AttackContext], None], messages: Tensor, needed: Tensor, context: AttackContext
+) -> Tensor:
+    """``[P, d]``: the attack's rows for the pairs ``needed[..., B]`` marks, written
+    one block per leading row (receiver) in order, so that the values do not depend on
+    how the caller groups its receivers.  The loop is over the attack's blocks, as
+    :func:`attacks._stats.fill_normal`'s own."""
+    rows = messages.new_empty(int(needed.sum()), messages.shape[-1])
+    for block in rows.split(needed.reshape(-1, needed.shape[-1]).sum(-1).tolist()):
+        if block.shape[0]:
+            writer(messages, block, context)
+    return rows
 
 
 def _needed_rows(messages: Tensor, byzantine: Tensor, needed: Tensor) -> Tensor:
