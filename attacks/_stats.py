@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
+from robust_pfl.devices import same_device
 from robust_pfl.types import AttackContext
 
 
@@ -154,14 +155,14 @@ def _part_seeds(block: Tensor, generator: torch.Generator) -> list[int] | None:
     """The seeds of ``block``'s parts, drawn from ``generator``; ``None`` when the block
     is drawn from ``generator`` itself (small, not contiguous, or not on the CPU)."""
     values = block.numel()
-    on_cpu = block.device.type == "cpu" and block.device == generator.device
+    on_cpu = block.device.type == "cpu" and same_device(block.device, generator.device)
     if values <= _PART_VALUES or not on_cpu or not block.is_contiguous():
         return None
     return torch.randint(0, 2**62, (math.ceil(values / _PART_VALUES),), generator=generator).tolist()
 
 
 def _fill_direct(block: Tensor, generator: torch.Generator, mean: float, std: float) -> None:
-    if block.device != generator.device:
+    if not same_device(block.device, generator.device):
         drawn = torch.empty(block.shape, dtype=block.dtype, device=generator.device)
         fill_normal(drawn, generator, mean, std)
         block.copy_(drawn)

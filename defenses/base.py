@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from robust_pfl.data import Batch
+from robust_pfl.devices import same_device
 from robust_pfl.federation import Federation
 from robust_pfl.registry import registrar
 from robust_pfl.types import RoundRecord
@@ -128,7 +129,10 @@ class HeavyBall:
 
     def fits(self, lr: float, momentum: float, like: Tensor) -> bool:
         """Whether this optimiser has ``lr`` and ``momentum`` and rows shaped as ``like``."""
-        return (self.lr, self.momentum, self._like) == (lr, momentum, (like.shape, like.dtype, like.device))
+        if (self.lr, self.momentum) != (lr, momentum):
+            return False
+        shape, dtype, device = self._like
+        return (shape, dtype) == (like.shape, like.dtype) and same_device(device, like.device)
 
     def restart(self) -> None:
         """Back to a fresh optimiser's state (zero momentum, nothing skipped), keeping
@@ -381,7 +385,7 @@ class RoundBuffers:
         if self.gathered is None:
             self.gathered = {}
         buffer = self.gathered.get(slot)
-        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or buffer.device != like.device:
+        if buffer is None or buffer.shape != shape or buffer.dtype != like.dtype or not same_device(buffer.device, like.device):
             buffer = self.gathered[slot] = like.new_empty(shape)
         return buffer
 

@@ -4,6 +4,7 @@ Momentum-Clustering (Alg. 4) and Myopic-Clustering (Alg. 1), all built on
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Literal
 
@@ -21,6 +22,7 @@ from defenses.threshold_clustering import (
     threshold_clustering,
 )
 from robust_pfl.data import Batch
+from robust_pfl.devices import engine, memory_budget_mb
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -31,6 +33,13 @@ from robust_pfl.types import RoundRecord
 # 0.60x at 64, 0.90x at 96, 1.32x at 128 and 1.77x at 192 (its N^2 d product grows
 # faster than "gram"'s few passes over the points).
 PAIRWISE_MAX_POINTS = 96
+# The same bound on the batched engine (an accelerator).  A problem of N points costs
+# "pairwise" 2 N^2 d FLOPs at the GEMM rate F and "gram" about ten passes over its
+# ``[N, d]`` rows at the memory bandwidth W, which are equal near N = 20 F / W: about
+# 200 for float32 on an H100 or H200 (50-60 TFLOP/s, 3.3-4.8 TB/s).  FC's problems
+# (250 senders at the Fig. 6 scale, 63 in a group of 16 at N = 1,000) take the
+# Gram matrix; MC's one problem of thousands of clients takes "gram".
+PAIRWISE_MAX_POINTS_BATCHED = 256
 
 
 class ClusteringParams(AlgorithmParams):
@@ -62,13 +71,19 @@ class ClusteringParams(AlgorithmParams):
     def distance_method(self, points: Tensor) -> Method:
         """The evaluation for ``points[..., N, d]``.  ``auto`` picks exact differences
         for small models and inner products for large ones: the points' Gram matrix
-        ("pairwise") up to ``PAIRWISE_MAX_POINTS`` points, lazily kept products
-        ("gram") beyond (see ``PAIRWISE_MAX_POINTS``)."""
+        ("pairwise") up to ``PAIRWISE_MAX_POINTS`` points (``PAIRWISE_MAX_POINTS_BATCHED``
+        on the batched engine of :func:`robust_pfl.devices.engine`), lazily kept
+        products ("gram") beyond."""
         if self.method != "auto":
             return self.method
         if points.shape[-1] <= 1024:
             return "direct"
-        return "pairwise" if points.shape[-2] <= PAIRWISE_MAX_POINTS else "gram"
+        batched = engine(points.device) == "batched"
+        most = PAIRWISE_MAX_POINTS_BATCHED if batched else PAIRWISE_MAX_POINTS
+        return "pairwise" if points.shape[-2] <= most else "gram"
+
+
+FC_CPU_BUDGET_MB = 1024
 
 
 class FederatedClusteringParams(ClusteringParams):
@@ -80,13 +95,15 @@ class FederatedClusteringParams(ClusteringParams):
         "chunks of ceil(N / groups), the last shorter (300 clients, 16 groups: 15 x 19 + 15), which "
         "can make fewer groups (10 clients, 6 groups: 5 x 2)",
     )
-    # 1024 MB: three receivers per chunk at the Fig. 6 scale, whose clustering then
-    # shares its per-call costs; in the five two-thread benchmark runs of
-    # benchmarks/README.md that timed both, its rounds took 21.2 / 21.0 / 25.0 / 25.1 /
-    # 26.5 s against 21.5 / 24.4 / 29.8 / 21.4 / 30.0 s at 512 MB (one thread: 36.4
-    # against 34.1 s), its paired speedups were higher in all six runs, for 0.3 GiB
-    # more.  Results do not depend on it.
-    memory_budget_mb: int = Field(1024, ge=1, description="working-set bound for cross gradients")
+    # On the CPU, 1024 MB: three receivers per chunk at the Fig. 6 scale, whose
+    # clustering then shares its per-call costs (benchmarks/README.md).  Results do not
+    # depend on it.
+    memory_budget_mb: int | None = Field(
+        None,
+        ge=1,
+        description=f"working-set bound for cross gradients (default: {FC_CPU_BUDGET_MB} on the CPU, "
+        "a quarter of the free memory on CUDA)",
+    )
 
 
 @register
@@ -133,6 +150,11 @@ class FederatedClustering(Algorithm):
         self.__dict__.update(state)
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
+
+    @functools.cached_property
+    def budget_mb(self) -> int:
+        """``memory_budget_mb``, or the device's default, fixed at the first step."""
+        return self.params.memory_budget_mb or memory_budget_mb(self.federation.device, FC_CPU_BUDGET_MB)
 
     def _cluster(self, messages: Tensor, starts: Tensor) -> ClusteringResult:
         """Alg. 3 on ``messages[M, S, d]``, each problem's centre starting at the row
@@ -194,7 +216,7 @@ class FederatedClustering(Algorithm):
             computed = members.numel() if fed.byzantine_rows_read else int((~fed.byzantine[members]).sum())
             group_batch = batch.select(members[:computed])
             receivers = (fed.honest[members]).nonzero().squeeze(-1)  # positions in group
-            for chunk in fed.chunks(receivers, row_bytes * members.numel(), self.params.memory_budget_mb << 20):
+            for chunk in fed.chunks(receivers, row_bytes * members.numel(), self.budget_mb << 20):
                 clients = members[chunk]
                 grads = self._workspace(chunk.numel(), members.numel())
                 fed.cross_gradients(self.models[clients], group_batch, out=grads[:, :computed])

@@ -20,6 +20,7 @@ Alg. 3 / eq. 24 of the journal version).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -45,6 +46,7 @@ from defenses.threshold_clustering import (
     euclidean_distances,
     threshold_clustering,
 )
+from robust_pfl.devices import memory_budget_mb
 from robust_pfl.federation import Federation
 from robust_pfl.graphs import Graph, GraphSpec, federation_graph
 from robust_pfl.types import RoundRecord
@@ -173,6 +175,9 @@ def neighbourhoods(adjacency: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 # -- PDL-TC ------------------------------------------------------------------------------------
+PDL_TC_CPU_BUDGET_MB = 1024
+
+
 class PDLTCParams(ClusteringParams):
     alpha: float = Field(
         0.1, gt=0, le=1, description="momentum weight on the new gradient, m = alpha g + (1 - alpha) m"
@@ -182,8 +187,11 @@ class PDLTCParams(ClusteringParams):
         description="communication graph: complete (the paper, all-to-all) | erdos_renyi (p) | "
         "barabasi_albert (m) | random_geometric (radius); dynamic = true redraws it every round",
     )
-    memory_budget_mb: int = Field(
-        1024, ge=1, description="working-set bound of the received [receivers, N, d] messages per chunk"
+    memory_budget_mb: int | None = Field(
+        None,
+        ge=1,
+        description=f"working-set bound of the received [receivers, N, d] messages per chunk (default: "
+        f"{PDL_TC_CPU_BUDGET_MB} on the CPU, a quarter of the free memory on CUDA)",
     )
 
 
@@ -237,6 +245,11 @@ class PersonalizedDecentralizedTC(Algorithm):
         """A checkpoint leaves out the round's scratch (overwritten before it is read)."""
         return {**self.__dict__, "_own": None, "_updates": None, "_received": None}
 
+    @functools.cached_property
+    def budget_mb(self) -> int:
+        """``memory_budget_mb``, or the device's default, fixed at the first step."""
+        return self.params.memory_budget_mb or memory_budget_mb(self.federation.device, PDL_TC_CPU_BUDGET_MB)
+
     def _workspace(self, rows: int) -> Tensor:
         """A reused ``[rows, N, d]`` buffer for a receiver chunk's messages (a fresh
         one per chunk page-faults)."""
@@ -282,7 +295,7 @@ class PersonalizedDecentralizedTC(Algorithm):
         n, d = self.models.shape
         receivers = fed.honest.nonzero().squeeze(-1)
         row_bytes = (n + layout[0].shape[1]) * d * self.models.element_size()
-        for chunk in fed.chunks(receivers, row_bytes, self.params.memory_budget_mb << 20):
+        for chunk in fed.chunks(receivers, row_bytes, self.budget_mb << 20):
             neighbours = (graph.adjacency[chunk] | (torch.arange(n, device=chunk.device) == chunk.unsqueeze(-1)))
 
             def aggregate(messages: Tensor, chunk: Tensor = chunk) -> Tensor:

@@ -19,6 +19,7 @@ followed by ``finetune_steps`` local gradient steps on all of client i's data.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import torch
@@ -30,6 +31,7 @@ from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from defenses.threshold_clustering import admissible_points
 from robust_pfl.data import Batch, ClientData
+from robust_pfl.devices import memory_budget_mb, same_device
 from robust_pfl.federation import Federation
 from robust_pfl.graphs import Graph, GraphSpec, MixingRule, federation_graph
 from robust_pfl.objectives import Objective, _loss_from_outputs
@@ -39,6 +41,9 @@ from robust_pfl.types import RoundRecord
 def _default_graph() -> GraphSpec:
     # connected with high probability at small N (redrawn until connected anyway)
     return GraphSpec(kind="erdos_renyi", p=0.3)
+
+
+FEDSPD_CPU_BUDGET_MB = 256
 
 
 class FedSPDParams(AlgorithmParams):
@@ -73,8 +78,11 @@ class FedSPDParams(AlgorithmParams):
     finetune_batch: int | None = Field(
         None, ge=1, description="samples per final-phase step (default: all of the client's data, as Alg. 1 line 42)"
     )
-    budget_mb: float = Field(
-        256.0, gt=0, description="memory for the messages received at once (receivers are chunked to fit)"
+    budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description=f"memory for the messages received at once, receivers chunked to fit (default: "
+        f"{FEDSPD_CPU_BUDGET_MB} on the CPU, a quarter of the free memory on CUDA)",
     )
 
 
@@ -174,6 +182,11 @@ class FedSPD(Algorithm):
         # the personalised models are recomputed from the state on demand; the spare is scratch
         return {**self.__dict__, "_personalised": None, "_spare": None}
 
+    @functools.cached_property
+    def budget_mb(self) -> float:
+        """``budget_mb``, or the device's default, fixed at the first step."""
+        return self.params.budget_mb or memory_budget_mb(self.federation.device, FEDSPD_CPU_BUDGET_MB)
+
     # -- facts ---------------------------------------------------------------------------
     @property
     def mixture_weights(self) -> Tensor:
@@ -257,7 +270,11 @@ class FedSPD(Algorithm):
         state = self._defense_state(graph, selected, mixing)
         honest_weights = mixing.new_empty(s_count, fed.clients, fed.clients)  # W_s without the attack's columns
         spare, self._spare = self._spare, None
-        fits = spare is not None and (spare.shape, spare.dtype, spare.device) == (before.shape, before.dtype, before.device)
+        fits = (
+            spare is not None
+            and (spare.shape, spare.dtype) == (before.shape, before.dtype)
+            and same_device(spare.device, before.device)
+        )
         # the attack's part first, then the whole mix, in reused memory (a fresh [S, N, d]
         # tensor page-faults on its first writes)
         after = spare if fits else torch.empty_like(before)
@@ -265,7 +282,7 @@ class FedSPD(Algorithm):
         b_count = int(byzantine.sum())
         # without an attack every receiver gets the broadcast itself (a view): one chunk
         chunks = (
-            receiver_chunks(fed.clients, trained.shape[-1], p.budget_mb, trained.element_size(), rows=b_count)
+            receiver_chunks(fed.clients, trained.shape[-1], self.budget_mb, trained.element_size(), rows=b_count)
             if attacked
             else [clients]
         )

@@ -59,6 +59,7 @@ from defenses.ball_membership import (
 )
 from defenses.radius import RadiusPolicy
 from defenses.row_reads import _rowdot, _weighted_rows
+from robust_pfl.devices import engine, same_device
 
 
 class PairwiseProducts(NamedTuple):
@@ -163,8 +164,9 @@ def _gram_and_leading_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
 
 def _unaligned_columns(n: int, device: torch.device) -> int:
     """How many of ``n`` Gram columns :func:`_gram_and_leading_rows` takes apart
-    (``n mod 16``, leaving a multiple of 16), on the CPU when ``n > 16``."""
-    if device.type != "cpu" or n <= 16:
+    (``n mod 16``, leaving a multiple of 16), on the blocked (CPU) engine when
+    ``n > 16``."""
+    if engine(device) == "batched" or n <= 16:
         return 0
     return n % 16
 
@@ -176,7 +178,7 @@ def _stacked_ahead(centres: Tensor, z: Tensor) -> Tensor | None:
     k, dim = centres.shape[1], z.shape[-1]
     if k == 0 or centres.shape[-1] != dim or centres.shape[0] != z.shape[0]:
         return None
-    if centres.dtype != z.dtype or centres.device != z.device:
+    if centres.dtype != z.dtype or not same_device(centres.device, z.device):
         return None
     if centres.untyped_storage().data_ptr() != z.untyped_storage().data_ptr():
         return None
@@ -213,12 +215,22 @@ def _near_block(z: Tensor, start_norms: Tensor) -> tuple[int, int]:
     ``S = max(||v0_k||, max ||z_near||)``."""
     n, dim = z.shape[1], z.shape[-1]
     partial = _squared_lengths(z[..., : min(dim, _PROBE_COLUMNS)])  # [B, N], at most ||z_j||^2
-    guess = partial.nanmedian(-1).values * (dim / min(dim, _PROBE_COLUMNS)) * _NEAR_GUESS_MARGIN
+    guess = lower_nanmedian(partial) * (dim / min(dim, _PROBE_COLUMNS)) * _NEAR_GUESS_MARGIN
     reach = torch.maximum(start_norms, guess)
     far = _negligible(partial, reach.unsqueeze(-1), z.dtype).all(0).tolist()
     lo = next((i for i, is_far in enumerate(far) if not is_far), n)
     hi = n - next((i for i, is_far in enumerate(reversed(far)) if not is_far), n)
     return (lo, hi) if lo < hi else (0, n)
+
+
+def lower_nanmedian(values: Tensor) -> Tensor:
+    """The lower median of the non-NaN entries along the last axis (NaN where all are
+    NaN): ``torch.nanmedian``'s values, from a sort, which has a deterministic CUDA
+    kernel where ``nanmedian`` has none."""
+    ordered = values.sort(dim=-1).values  # NaN sorts last
+    count = (~values.isnan()).sum(-1, keepdim=True)
+    middle = ordered.gather(-1, ((count - 1) // 2).clamp_min(0)).squeeze(-1)
+    return torch.where(count.squeeze(-1) > 0, middle, torch.nan)
 
 
 def _negligible(squared_norms: Tensor, reach: Tensor, dtype: torch.dtype) -> Tensor:

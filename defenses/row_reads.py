@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from robust_pfl.devices import engine
+
 # Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
 # multi-MB tensor page-faults on every call (an ~8 MB gather buffer measured 1.6 ms
 # against 0.14 ms for 12 rows; four [1, 4, 159,010] working vectors of MC's
@@ -61,7 +63,7 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     flat = z.reshape(batch * n, dim)
     flat_index = problem * n + row
     columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
-    block = max(1, _BLOCK_BYTES // (max(dim, 1) * z.element_size()))
+    block = _block_rows(z)
     buffer = _scratch("gather", (min(block, count), dim), z)
     picked = z.new_empty(count, k)  # <z_j, vectors_k> of every chosen row
     if batch > 1:
@@ -80,9 +82,18 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     return out
 
 
-# Rows of ``z`` per block in :func:`_blocked_product`: about 8 MB, so a block stays in
-# cache while it is used.
+# Rows of ``z`` per block in :func:`_blocked_product` and :func:`_row_products`: about
+# 8 MB, so a block stays in cache while it is used (the blocked engine).  An
+# accelerator's batched engine takes blocks of up to 256 MB instead: its kernels need
+# work of that size to amortise their launch, and its memory holds them.
 _BLOCK_BYTES = 8 << 20
+_BATCHED_BLOCK_BYTES = 256 << 20
+
+
+def _block_rows(z: Tensor) -> int:
+    """Rows of ``z[..., d]`` per block on ``z``'s engine (see ``_BLOCK_BYTES``)."""
+    size = _BLOCK_BYTES if engine(z.device) == "blocked" else _BATCHED_BLOCK_BYTES
+    return max(1, size // (max(z.shape[-1], 1) * z.element_size()))
 
 
 def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
@@ -92,7 +103,7 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
     ``z`` poorly for a ``[K, N] x [N, d]`` shape with tiny ``K``); blocks of ~8 MB of
     rows run near memory bandwidth.  The loop is over row blocks, not clients."""
     n = z.shape[1]
-    rows = max(1, _BLOCK_BYTES // (max(z.shape[-1], 1) * z.element_size()))
+    rows = n if engine(z.device) == "batched" else _block_rows(z)
     if rows >= n:
         return torch.bmm(weights, z)
     out = torch.bmm(weights[..., :rows], z[:, :rows])

@@ -58,6 +58,7 @@ from defenses.ball_membership import (
 from defenses.pairwise_clustering import pairwise_products, run_pairwise
 from defenses.radius import RadiusPolicy, RadiusSpec, make_radius
 from defenses.row_reads import _row_products, _rowdot, _scratch, _weighted_rows
+from robust_pfl.devices import engine
 
 
 Method = Literal["direct", "gram", "pairwise"]
@@ -263,7 +264,7 @@ def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
     The loop is over blocks of rows (and problems), not clients."""
     batch, n, dim = z.shape
     rows = max(1, _FUSED_BLOCK_BYTES * centres.shape[1] // (max(dim, 1) * z.element_size()))
-    if rows >= n:
+    if rows >= n or engine(z.device) == "batched":  # an accelerator: two products, not a loop of small ones
         return squared_norms(z), torch.bmm(centres, z.transpose(1, 2))
     norms = z.new_empty(batch, n)
     products = z.new_empty(batch, n, centres.shape[1])

@@ -54,25 +54,23 @@ def execute_cell(task: CellTask) -> CellOutcome:
     import torch
 
     from robust_pfl.experiments import run_cell_config
-    from robust_pfl.seeding import deterministic_kernels
+    from robust_pfl.seeding import deterministic_kernels_within
 
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    threads = torch.get_num_threads()
     torch.set_num_threads(task.threads)
-    deterministic_kernels(task.config.get("device", "cpu"))
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     error = None
     try:
-        checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
-        report = None if checkpoint is None else partial(_report, task.source, start)
-        raw = run_cell_config(task.config, task.source, checkpoint=checkpoint, report=report)
+        with deterministic_kernels_within(task.config.get("device", "cpu")):
+            checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
+            report = None if checkpoint is None else partial(_report, task.source, start)
+            raw = run_cell_config(task.config, task.source, checkpoint=checkpoint, report=report)
         rows = [{"round": int(r["round"]), "metric": str(r["metric"]), "value": float(r["value"])} for r in raw]
     except Exception as caught:  # a failing cell is recorded; the grid goes on
         error = f"{type(caught).__name__}: {caught}"
     finally:
         torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     return CellOutcome(task.cell, rows, error, time.perf_counter() - start)
 
 

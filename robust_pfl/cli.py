@@ -16,7 +16,7 @@ from robust_pfl.config import ConfigError, load_config
 def _run(args: argparse.Namespace) -> int:
     from robust_pfl.experiments import run_experiment, validate
 
-    config = validate(load_config(args.config), args.config)
+    config = validate(load_config(args.config, device=args.device), args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     summary = run_experiment(config, out, resume=args.resume)
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
@@ -28,12 +28,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def _reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / args.figure
+    if args.device is not None and args.figure not in ("table1", "fig6"):
+        print(f"error: --device applies to table1 and fig6; {args.figure} runs small float64 problems on the CPU",
+              file=sys.stderr)
+        return 2
     if args.figure == "table1":
         from robust_pfl.recipes import table1
 
-        with _backend(args, None) as backend:
+        with _backend(args, _recipe_resources(args)) as backend:
             summary = table1.main(
-                out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition, backend=backend
+                out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition,
+                backend=backend, device=args.device,
             )
         # the full run checks the paper's orderings; a quick run only smoke-tests the recipe
         return 0 if args.quick or all(check["holds"] for check in summary["orderings"]) else 1
@@ -45,8 +50,9 @@ def _reproduce(args: argparse.Namespace) -> int:
             return 2
 
         panels = fig6.PANELS if args.panel == "both" else (args.panel,)
-        with _backend(args, None) as backend:
-            return fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend)
+        with _backend(args, _recipe_resources(args)) as backend:
+            return fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend,
+                             device=args.device)
     if args.data_dir is not None:
         print(f"error: --data-dir applies to table1 and fig6 only ({args.figure} uses synthetic data)", file=sys.stderr)
         return 2
@@ -83,11 +89,13 @@ def _grid(args: argparse.Namespace) -> int:
     from robust_pfl.grid import run_grid
     from robust_pfl.grid_file import load_grid
 
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid, device=args.device)
+    resources = grid.cell_resources()
     if args.threads is not None:  # --threads sets each cell's CPUs
+        resources = replace(resources, cpus=float(args.threads))
         grid = replace(grid, resources=replace(grid.resources, cpus=float(args.threads)))
     out = Path(args.out) if args.out else Path("results") / Path(args.grid).stem
-    with _backend(args, grid.resources) as backend:
+    with _backend(args, resources) as backend:
         summary = run_grid(grid, out, backend)
     print(
         f"{summary['cells']} cells: {summary['ran']} ran, {summary['skipped']} skipped (finished before), "
@@ -97,6 +105,21 @@ def _grid(args: argparse.Namespace) -> int:
     for cell, error in summary["errored"].items():
         print(f"  error in cell {cell} ({described[cell]}): {error}")
     return 1 if summary["errors"] else 0
+
+
+def _recipe_resources(args: argparse.Namespace):
+    """Per-cell resources of a recipe's grid: one GPU per cell on CUDA (Ray), else the
+    backend's default."""
+    from robust_pfl.devices import resolve_device
+    from robust_pfl.grid_file import Resources
+
+    if args.device is None:
+        return None
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        raise ConfigError(f"--device: {error}") from None
+    return Resources(gpus=1.0) if device.type == "cuda" else None
 
 
 @contextmanager
@@ -114,6 +137,13 @@ def _backend(args: argparse.Namespace, resources):
         backend.close()
 
 
+def _add_device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--device", default=None,
+        help="cpu | cuda | cuda:N | mps | auto (CUDA when present): replaces the config's device",
+    )
+
+
 def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=None, help="grid cells at once (local default 1)")
     parser.add_argument("--backend", choices=["local", "ray"], default="local",
@@ -125,8 +155,9 @@ def _attack_table(args: argparse.Namespace) -> int:
     from robust_pfl.recipes import attack_table
 
     out = Path(args.out) if args.out else Path("results") / "attack_table"
-    with _backend(args, None) as backend:
-        attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend)
+    with _backend(args, _recipe_resources(args)) as backend:
+        attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend,
+                          device=args.device)
     return 0
 
 
@@ -194,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true",
         help="continue from the checkpoints in OUT/checkpoints (needs checkpoint_every in the config)",
     )
+    _add_device_option(run)
     run.set_defaults(handler=_run)
     reproduce = commands.add_parser("reproduce", help="reproduce a figure of Werner et al.")
     reproduce.add_argument("figure", choices=["fig2", "fig3", "fig6", "fig7", "table1"])
@@ -216,11 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="number of seeds (fig3: default 3, quick 1; fig7: repeats, default 10, quick 3; table1: 1)",
     )
     _add_backend_options(reproduce)
+    _add_device_option(reproduce)
     reproduce.set_defaults(handler=_reproduce)
     grid = commands.add_parser("grid", help="run every cell of a grid file into a resumable results store")
     grid.add_argument("grid", help="path to the grid TOML (a run config with [grid] lists)")
     grid.add_argument("--out", help="output directory (default results/<grid name>)")
     _add_backend_options(grid)
+    _add_device_option(grid)
     grid.set_defaults(handler=_grid)
     table = commands.add_parser(
         "attack-table", help="attack x defense tables: the synthetic, digits and systems grid files in configs/ (resumable)"
@@ -232,6 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--table", choices=["synthetic", "digits", "systems", "all"], default="all", help="which table (default all)"
     )
     _add_backend_options(table)
+    _add_device_option(table)
     table.set_defaults(handler=_attack_table)
     theory = commands.add_parser("theory", help="machine checks of Werner et al.'s statements")
     theory_commands = theory.add_subparsers(dest="theory_command", required=True)

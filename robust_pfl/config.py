@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from robust_pfl.devices import DEVICE_PATTERN
 from robust_pfl.placement import ByzantinePlacement
 from robust_pfl.registry import did_you_mean
 
@@ -168,7 +169,12 @@ class TheoryConfig(_Strict):
     estimate: list[Literal[THEORY_ESTIMATES]] = Field(min_length=1)
     every: int = Field(10, ge=1, description="rounds between estimates (and round 0, and the last)")
     power_iterations: int = Field(100, ge=1, description="Hessian power-iteration steps for L and mu")
-    memory_budget_mb: int = Field(256, ge=1, description="bound on the [models, clients, d] cross gradients held at once (A, Delta)")
+    memory_budget_mb: int | None = Field(
+        None,
+        ge=1,
+        description="bound on the [models, clients, d] cross gradients held at once (A, Delta); default: "
+        "256 on the CPU, a quarter of the free memory on CUDA",
+    )
 
     @field_validator("estimate")
     @classmethod
@@ -186,7 +192,7 @@ class ExperimentConfig(_Strict):
     rounds: int = Field(100, ge=1)
     eval_every: int = Field(10, ge=1)
     batch_size: int | None = Field(None, ge=1, description="None: full local data")
-    device: str = "cpu"
+    device: str = Field("cpu", description="cpu | cuda | cuda:N | mps | auto (CUDA when present, else the CPU)")
     dtype: Literal["float32", "float64"] = "float32"
     task: TaskConfig = Field(default_factory=SyntheticTaskConfig)
     byzantine: ByzantineConfig = Field(default_factory=ByzantineConfig)
@@ -231,8 +237,8 @@ class ExperimentConfig(_Strict):
     @field_validator("device")
     @classmethod
     def _device(cls, value: str) -> str:
-        if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", value):
-            raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {value!r}")
+        if not re.fullmatch(DEVICE_PATTERN, value):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {value!r}")
         return value
 
 
@@ -308,8 +314,9 @@ def parse_config(data: dict[str, Any], source: str = "<dict>") -> ExperimentConf
         raise config_error(source, validation_problems(error, ExperimentConfig)) from None
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate a TOML config file.
+def load_config(path: str | Path, device: str | None = None) -> ExperimentConfig:
+    """Read and validate a TOML config file; ``device`` (a command's ``--device``)
+    replaces the file's ``device``.
 
     Raises:
         ConfigError: a missing, unreadable or non-TOML file (one line naming it), or
@@ -330,4 +337,6 @@ def load_config(path: str | Path) -> ExperimentConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config {path} is not valid TOML: {error}") from None
+    if device is not None:
+        data["device"] = device
     return parse_config(data, str(path))

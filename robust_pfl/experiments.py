@@ -41,6 +41,7 @@ from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
+from robust_pfl.devices import memory_budget_mb, resolve_device
 from robust_pfl.seeding import deterministic_kernels
 from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
 from robust_pfl.types import RoundRecord
@@ -52,8 +53,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentConfig:
-    """Check method and attack names and options against the registries, and an image
-    task's sizes against its data.
+    """Check method and attack names and options against the registries, an image
+    task's sizes against its data, and the device against the machine.  Returns the
+    config with ``device = "auto"`` replaced by the device it picks.
 
     Raises :class:`ConfigError` naming the field (``methods[1].radius`` ...) under
     ``invalid config <source>:``.
@@ -107,9 +109,11 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
                 config.task.builder().check(seed, config.byzantine.placement(), data)
         except ValueError as error:
             raise fail("", f"task.{error}") from None
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
-        raise fail("device", f"{config.device!r} requested but CUDA is not available")
-    return config
+    try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
+        device = str(resolve_device(config.device))
+    except ValueError as error:
+        raise fail("device", str(error)) from None
+    return config if device == config.device else config.model_copy(update={"device": device})
 
 
 def client_count(config: ExperimentConfig) -> int:
@@ -160,7 +164,7 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
         seed=seed,
         batch_size=config.batch_size,
         attack=attack,
-        device=torch.device(config.device),
+        device=resolve_device(config.device),
         num_classes=task.num_classes,
     )
 
@@ -293,7 +297,7 @@ def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None
     """The ``[theory]`` table's tracker for ``task`` (``None`` without the table)."""
     if config.theory is None:
         return None
-    from theory_checks.tracking import TheoryTracker  # only runs that ask for estimates load them
+    from theory_checks.tracking import CPU_BUDGET_MB, TheoryTracker  # only runs that ask for estimates load them
 
     theory = config.theory
     return TheoryTracker(
@@ -302,7 +306,7 @@ def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None
         every=theory.every,
         batch_size=config.batch_size,
         power_iterations=theory.power_iterations,
-        memory_budget_mb=theory.memory_budget_mb,
+        memory_budget_mb=theory.memory_budget_mb or memory_budget_mb(resolve_device(config.device), CPU_BUDGET_MB),
     )
 
 
@@ -380,7 +384,7 @@ def run_experiment(
     checkpoint in ``out_dir/checkpoints/<label>-seed<seed>.pt`` (the final one holds
     the final models).  ``resume=True`` continues from them; otherwise they are
     removed first and the run starts afresh."""
-    validate(config)
+    config = validate(config)
     if resume and config.checkpoint_every is None:
         raise config_error(None, [("checkpoint_every", "resuming needs checkpoints: set checkpoint_every = <rounds>")])
     if resume and out_dir is None:

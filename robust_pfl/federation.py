@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from robust_pfl.data import Batch, ClientData
+from robust_pfl.devices import same_device
 from robust_pfl.objectives import Objective
 from robust_pfl.seeding import generator as make_generator
 from robust_pfl.types import (
@@ -157,7 +158,11 @@ class Federation:
         if not reuse or self.batch_size is None or self.batch_size >= self.train.samples_per_client:
             return self.train.sample(self.batch_size, self._batch_rng)
         buffer = self._batch_buffer
-        if buffer is None or buffer.inputs.dtype != self.train.inputs.dtype or buffer.inputs.device != self.train.inputs.device:
+        if (
+            buffer is None
+            or buffer.inputs.dtype != self.train.inputs.dtype
+            or not same_device(buffer.inputs.device, self.train.inputs.device)
+        ):
             shape = (self.clients, self.batch_size)
             self._batch_buffer = Batch(
                 self.train.inputs.new_empty(*shape, *self.train.inputs.shape[2:]),

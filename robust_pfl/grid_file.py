@@ -77,6 +77,19 @@ class Grid:
     cells: list[GridCell]
     resources: Resources
 
+    @property
+    def uses_cuda(self) -> bool:
+        """Whether some cell runs on a CUDA device."""
+        return any(str(cell.config.get("device", "cpu")).startswith("cuda") for cell in self.cells)
+
+    def cell_resources(self) -> Resources:
+        """What Ray reserves per cell: the file's ``[resources]``, with one GPU when a
+        cell runs on CUDA and the file asks for none (``gpus = 0.25`` in the file
+        shares a card between four cells)."""
+        if self.uses_cuda and self.resources.gpus == 0:
+            return Resources(self.resources.cpus, 1.0)
+        return self.resources
+
 
 @dataclass(frozen=True)
 class _Axis:
@@ -87,13 +100,26 @@ class _Axis:
     labels: list[Any]  # each element's column value
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Read, expand and validate a grid file (:func:`expand_grid`).
+def load_grid(path: str | Path, device: str | None = None) -> Grid:
+    """Read, expand and validate a grid file (:func:`expand_grid`); ``device`` (a
+    command's ``--device``) replaces the file's (:func:`on_device`).
 
     Raises:
         ConfigError: a missing or non-TOML file, or every bad field of the grid.
     """
-    return expand_grid(read_grid_file(path), str(path))
+    return expand_grid(on_device(read_grid_file(path), device, str(path)), str(path))
+
+
+def on_device(data: dict[str, Any], device: str | None, source: str) -> dict[str, Any]:
+    """The parsed grid file ``data`` with every cell on ``device`` (``None``: as the
+    file says).  A grid that sweeps ``device`` itself cannot be overridden."""
+    if device is None:
+        return data
+    sweeps = data.get(GRID)
+    if isinstance(sweeps, dict) and "device" in sweeps:
+        raise ConfigError(f"invalid grid {source}: --device {device} would replace the grid's own device axis "
+                          f"(grid.device = {sweeps['device']!r}); drop one of them")
+    return {**data, "device": device}
 
 
 def read_grid_file(path: str | Path) -> dict[str, Any]:

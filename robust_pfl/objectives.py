@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.func import grad, vmap
 
 from robust_pfl.data import Batch
+from robust_pfl.devices import engine
 
 LossKind = Literal["mse", "cross_entropy", "softmax_nll"]
 
@@ -397,11 +398,19 @@ def _weight_gradients(
     2.5x slower); writing straight into the strided ``out`` (``bmm(out=...)``, in-place
     ``baddbmm_``) was measured slower too: it leaves MKL's batched path.  The loops are
     over cache-sized blocks, not over clients.
+
+    On an accelerator (the batched engine of :func:`robust_pfl.devices.engine`) see
+    :func:`_weight_gradients_batched`.
     """
+    if engine(dz.device) == "batched" and blend is None:
+        _weight_gradients_batched(dz, a_prev, out)
+        return
     models, clients = dz.shape[:2]
     shape_out, shape_in = dz.shape[-1], a_prev.shape[-1]
     per_model = clients * shape_out * shape_in
     step = max(1, _CACHE_BLOCK_BYTES // (shape_out * shape_in * dz.element_size()))
+    if engine(dz.device) == "batched":  # blended: whole blocks into the scratch, then lerp
+        step = models * clients
     if a_prev.shape[0] == 1 and (models == 1 or per_model >= _LOOP_MIN_BLOCK):
         shared = a_prev[0]
         block = _scratch_block(scratch, (min(step, clients), shape_out, shape_in), dz)
@@ -431,6 +440,32 @@ def _weight_gradients(
     else:
         gw = torch.matmul(dz.transpose(-1, -2), a_prev)
         write_into(out, gw.reshape(models, clients, -1), blend)
+
+
+def _weight_gradients_batched(dz: Tensor, a_prev: Tensor, out: Tensor) -> None:
+    """:func:`_weight_gradients` on an accelerator: the products are written straight
+    into the strided ``out`` (cuBLAS takes any batch stride), one product per model
+    row when the input is shared by all models, else one for all pairs; no scratch
+    copy.  The loop over model rows is over a chunk's receivers, each product batched
+    over all clients."""
+    models, clients = dz.shape[:2]
+    shape_out, shape_in = dz.shape[-1], a_prev.shape[-1]
+    target = out.view(models, clients, shape_out, shape_in)
+    if a_prev.shape[0] == 1:
+        shared = a_prev[0]
+        for m in range(models):
+            torch.bmm(dz[m].transpose(1, 2), shared, out=target[m])
+        return
+    if a_prev.shape[0] != models:
+        target.copy_(torch.matmul(dz.transpose(-1, -2), a_prev))
+        return
+    pairs = models * clients
+    left = dz.reshape(pairs, *dz.shape[2:]).transpose(1, 2)
+    right = a_prev.reshape(pairs, *a_prev.shape[2:])
+    if out.stride(0) == clients * out.stride(1):  # the pairs' rows evenly spaced: one strided batch
+        torch.bmm(left, right, out=target.view(pairs, shape_out, shape_in))
+    else:
+        target.copy_(torch.bmm(left, right).view(models, clients, shape_out, shape_in))
 
 
 # Scratch block of :func:`_weight_gradients`: products of this size stay in the

@@ -5,8 +5,13 @@ an attack never changes the data sampling."""
 from __future__ import annotations
 
 import hashlib
+import os
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
+
+from robust_pfl.devices import resolve_device
 
 
 def stream_seed(seed: int, stream: str) -> int:
@@ -27,6 +32,33 @@ def deterministic_kernels(device: torch.device | str) -> None:
     (CUDA's atomics-based reductions and scatters).  On the CPU every kernel
     robust-pfl uses is deterministic at a fixed thread count, and the flag would cost
     0.8 s of start-up (it imports torch's compiler stack) and a NaN fill of every
-    fresh tensor, so it is left as it is there."""
-    if torch.device(device).type != "cpu":
+    fresh tensor, so it is left as it is there (and the fill is turned off on CUDA).
+
+    On CUDA, cuBLAS builds older than torch's per-stream workspaces also need
+    ``CUBLAS_WORKSPACE_CONFIG`` set before their first product; it is set here unless
+    the environment already sets it.  ``warn_only``: an op without a deterministic
+    CUDA kernel warns instead of failing the run (the package uses none: the
+    ``cuda`` tests fail on such a warning)."""
+    if resolve_device(str(device)).type != "cpu":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
+        # no code here reads memory it did not write, so the NaN fill of every fresh
+        # tensor that the flag adds would only cost a pass over it
+        torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+@contextmanager
+def deterministic_kernels_within(device: torch.device | str) -> Iterator[None]:
+    """:func:`deterministic_kernels` for the block, then torch's settings as they were
+    (an in-process grid cell leaves its caller's settings)."""
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    deterministic_kernels(device)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]

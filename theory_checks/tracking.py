@@ -44,6 +44,11 @@ from theory_checks.estimators import (
 from theory_checks.types import Estimate
 
 
+#: The default bound on the cross gradients held at once on the CPU (on CUDA the
+#: default is a share of the free memory: :func:`robust_pfl.devices.memory_budget_mb`).
+CPU_BUDGET_MB = 256
+
+
 @dataclass
 class TheoryTracker:
     """Measures the constants named in ``estimate`` for one run (see module docstring).
@@ -63,7 +68,7 @@ class TheoryTracker:
     every: int = 10
     batch_size: int | None = None
     power_iterations: int = 100
-    memory_budget_mb: int = 256
+    memory_budget_mb: int = CPU_BUDGET_MB
 
     def __post_init__(self) -> None:
         self._honest = (~self.task.byzantine).nonzero().squeeze(-1)

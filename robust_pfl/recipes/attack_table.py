@@ -33,7 +33,7 @@ import pandas as pd
 
 from robust_pfl.backends import Backend
 from robust_pfl.grid import grid_results, run_grid
-from robust_pfl.grid_file import Grid, expand_grid, read_grid_file
+from robust_pfl.grid_file import Grid, expand_grid, on_device, read_grid_file
 from robust_pfl.results import history_text, write_outputs
 
 #: The grid files, found in the source checkout (``pip install -e .``).
@@ -65,12 +65,12 @@ TABLES: dict[str, Table] = {
 }
 
 
-def load(name: str, quick: bool = False, seeds: int | None = None) -> tuple[Grid, Mode]:
-    """Table ``name``'s grid, with quick mode's rounds and seeds, or ``seeds`` seeds;
-    and the full mode the file describes."""
+def load(name: str, quick: bool = False, seeds: int | None = None, device: str | None = None) -> tuple[Grid, Mode]:
+    """Table ``name``'s grid, with quick mode's rounds and seeds, or ``seeds`` seeds,
+    on ``device`` (default: the file's); and the full mode the file describes."""
     table = TABLES[name]
     path = CONFIGS / table.file
-    data = read_grid_file(path)
+    data = on_device(read_grid_file(path), device, str(path))
     full = Mode(rounds=data.get("rounds", 100), seeds=len(data.get("seeds", [0])))
     if quick:
         data.update(rounds=table.quick.rounds, seeds=list(range(table.quick.seeds)))
@@ -161,14 +161,14 @@ def quick_note(mode: Mode, full: Mode, slow: list[str]) -> str:
 
 
 def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str = "all",
-         backend: Backend | None = None) -> dict[str, Any]:
+         backend: Backend | None = None, device: str | None = None) -> dict[str, Any]:
     """Run (or resume) the tables, write ``attack_table.md``, ``history.csv`` and
     ``summary.json`` into ``out``; return the summary."""
     names = list(TABLES) if tables == "all" else [tables]
     start = time.perf_counter()
     sections, histories, summary_tables = [], [], {}
     for name in names:
-        grid, full = load(name, quick, seeds)
+        grid, full = load(name, quick, seeds, device)
         measure = TABLES[name].measure
         mode = Mode(grid.cells[0].config["rounds"], len(labels(grid, "seed")))
         run_grid(grid, out / name, backend)

@@ -42,6 +42,7 @@ from typing import Any
 import pandas as pd
 
 from robust_pfl.backends import Backend
+from robust_pfl.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, GridCell, expand_grid
 from robust_pfl.results import close_figure, png_writer, write_outputs
@@ -132,9 +133,10 @@ def panel_steps(panel: str, scale: Scale, quick: bool) -> int:
     return QUICK_BIT_FLIP_STEPS if quick else scale.bit_flip_steps
 
 
-def base(scale: Scale, data_dir: str | None, steps: int) -> dict[str, Any]:
+def base(scale: Scale, data_dir: str | None, steps: int, device: str | None = None) -> dict[str, Any]:
     long = steps > scale.checkpoint_every
     return {
+        **({} if device is None else {"device": device}),
         "seeds": [0],
         "rounds": steps,
         "eval_every": scale.checkpoint_every if long else 3,
@@ -144,7 +146,9 @@ def base(scale: Scale, data_dir: str | None, steps: int) -> dict[str, Any]:
     }
 
 
-def grids(scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ...]) -> list[Grid]:
+def grids(
+    scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ...], device: str | None = None
+) -> list[Grid]:
     """One grid per (panel, placement) plus the reference without Byzantine clients at
     the longest panel's length (its history gives FC and Global at every step).  The
     panel and the placement name the cells through the ``label`` of their one-value
@@ -152,7 +156,7 @@ def grids(scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ..
     honest = 4 * scale.clients_per_cluster
     longest = max(panel_steps(panel, scale, quick) for panel in panels)
     reference = {
-        **base(scale, data_dir, longest),
+        **base(scale, data_dir, longest, device),
         "methods": methods(0, honest, with_aggregators=False),
         "grid": {"attack": [{"name": "none", "label": "reference"}]},
     }
@@ -162,7 +166,7 @@ def grids(scale: Scale, data_dir: str | None, quick: bool, panels: tuple[str, ..
         for name in PLACEMENTS:
             byzantine = scale.byzantine if name == "official" else 4 * scale.byzantine
             config = {
-                **base(scale, data_dir, steps),
+                **base(scale, data_dir, steps, device),
                 "methods": methods(byzantine, honest + byzantine),
                 "grid": {
                     "attack": [{**ATTACKS[panel], "label": panel}],
@@ -320,12 +324,14 @@ def main(
     data_dir: str | None = None,
     panels: tuple[str, ...] = PANELS,
     backend: Backend | None = None,
+    device: str | None = None,
 ) -> int:
-    """Run (or resume) the figure's grid; write ``fig6.md``, ``fig6.png``,
-    ``summary.json``; return 1 when the claim fails on the official placement."""
+    """Run (or resume) the figure's grid on ``device`` (default: the CPU); write
+    ``fig6.md``, ``fig6.png``, ``summary.json``; return 1 when the claim fails on the
+    official placement."""
     scale = DIGITS if data_dir is None else MNIST
     start = time.perf_counter()
-    grid = merged(grids(scale, data_dir, quick, panels), "reproduce fig6")
+    grid = merged(grids(scale, data_dir, quick, panels, device), "reproduce fig6")
     errors = run_grid(grid, out / "grid", backend)["errored"]
     frame = grid_results(out / "grid", grid)
     results = finals(frame)
@@ -353,6 +359,7 @@ def main(
         "holds": holds,
         "errored": errors,
         "seconds": seconds,
+        "device": describe_device(grid.cells[0].config["device"]),
     }
     body = markdown(results, claim_rows)
     if errors:

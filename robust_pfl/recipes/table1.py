@@ -35,6 +35,7 @@ from typing import Any
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import build_task, validate
 from robust_pfl.backends import Backend
+from robust_pfl.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, Resources, grid_cell
 from robust_pfl.results import history_text, write_outputs
@@ -140,10 +141,12 @@ def train_sizes(config_dict: dict[str, Any]) -> tuple[int, int]:
     return task.train.samples_per_client, task.train.inputs.shape[0]
 
 
-def cells(mode: Mode, data_dir: str | None, partition: str) -> Grid:
+def cells(mode: Mode, data_dir: str | None, partition: str, device: str | None = None) -> Grid:
     out = []
     for kind in KINDS:
         base = {"eval_every": 10**9, "batch_size": mode.batch, "task": task_spec(kind, mode, data_dir, partition)}
+        if device is not None:
+            base["device"] = device
         samples, clients = train_sizes({**base, "seeds": [0], "methods": [{"name": "local"}]})
         for label, method in methods(kind, clients).items():
             length = cell_length(kind, label, mode, samples)
@@ -203,7 +206,9 @@ def orderings(results: dict[tuple[str, str], dict[str, float]]) -> list[dict[str
 
 
 def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int | None = None,
-         partition: str = "official", backend: Backend | None = None) -> dict[str, Any]:
+         partition: str = "official", backend: Backend | None = None, device: str | None = None) -> dict[str, Any]:
+    """Run (or resume) Table 1's grid, on ``device`` (default: each config's, the
+    CPU); write ``table1.md``, ``history.csv`` and ``summary.json``."""
     if data_dir is None:
         mode = DIGITS_QUICK if quick else DIGITS_FULL
     else:
@@ -211,7 +216,7 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
     if seeds is not None:
         mode = replace(mode, seeds=seeds)
     start = time.perf_counter()
-    grid = cells(mode, data_dir, partition)
+    grid = cells(mode, data_dir, partition, device)
     run_grid(grid, out / "grid", backend)
     rows = grid_results(out / "grid", grid).to_dict("records")
     results = final_metrics(rows)
@@ -236,6 +241,7 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
         "dataset": dataset,
         "partition": partition,
         "seconds": seconds,
+        "device": describe_device(grid.cells[0].config["device"]),
     }
     write_outputs(out, summary, {
         "table1.md": header + "\n\n" + table + "\n\n" + footer + "\n",
