@@ -103,14 +103,19 @@ class SampledFederation(Federation):
         return cut
 
 
-def build_federation(scale: str, seed: int = 0) -> SampledFederation:
+def build_federation(scale: str, seed: int = 0, device: str | torch.device = "cpu") -> SampledFederation:
+    """The workload at ``scale`` on ``device``.  The data are drawn on the device by a
+    generator there: at 10,000 clients the inputs are 2 GB, slow to draw on the host
+    and copy over.  Another device therefore draws other (equally distributed) data
+    than the CPU from the same seed."""
     spec = SCALES[scale]
     k, per, byz = spec["clusters"], spec["honest_per_cluster"], spec["byzantine"]
     honest = k * per
     n = honest + byz
-    g = torch.Generator().manual_seed(seed)
-    inputs = torch.rand(n, SAMPLES_PER_CLIENT, 784, generator=g)
-    targets = torch.randint(0, 10, (n, SAMPLES_PER_CLIENT), generator=g)
+    device = torch.device(device)
+    g = torch.Generator(device=device).manual_seed(seed)
+    inputs = torch.rand(n, SAMPLES_PER_CLIENT, 784, generator=g, device=device)
+    targets = torch.randint(0, 10, (n, SAMPLES_PER_CLIENT), generator=g, device=device)
     cluster_ids = torch.cat([torch.arange(honest) % k, torch.arange(byz) % k])
     byzantine = torch.zeros(n, dtype=torch.bool)
     byzantine[honest:] = True
@@ -122,6 +127,7 @@ def build_federation(scale: str, seed: int = 0) -> SampledFederation:
         seed=seed,
         batch_size=BATCH_SIZE,
         attack=attacks.build("large_gradient", {"mean": ATTACK_MEAN, "std": ATTACK_STD}),
+        device=device,
     )
 
 
