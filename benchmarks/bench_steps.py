@@ -32,7 +32,6 @@ run global (mean), IFCA and MC at 10,000 clients and FC with 16 groups at 1,000.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os

@@ -242,8 +242,11 @@ class PersonalizedDecentralizedTC(Algorithm):
         self._received: Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """A checkpoint leaves out the round's scratch (overwritten before it is read)."""
-        return {**self.__dict__, "_own": None, "_updates": None, "_received": None}
+        """A checkpoint leaves out the round's scratch (overwritten before it is read)
+        and the budget (sized afresh on resume)."""
+        state = {**self.__dict__, "_own": None, "_updates": None, "_received": None}
+        state.pop("budget_mb", None)
+        return state
 
     @functools.cached_property
     def budget_mb(self) -> int:

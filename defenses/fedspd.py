@@ -179,8 +179,11 @@ class FedSPD(Algorithm):
         self._personalised: tuple[int, Tensor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # the personalised models are recomputed from the state on demand; the spare is scratch
-        return {**self.__dict__, "_personalised": None, "_spare": None}
+        # the personalised models are recomputed from the state on demand; the spare is
+        # scratch; the budget is sized afresh on resume
+        state = {**self.__dict__, "_personalised": None, "_spare": None}
+        state.pop("budget_mb", None)
+        return state
 
     @functools.cached_property
     def budget_mb(self) -> float:

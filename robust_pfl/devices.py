@@ -19,10 +19,16 @@ budgets and picks the engine a device runs.
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from typing import Iterator, Literal
 
 import torch
+
+# cuBLAS builds older than torch's per-stream workspaces need this for deterministic
+# products, read once per process at its first product: set before any can run, unless
+# the environment sets it.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 DeviceLike = torch.device | str
 Engine = Literal["blocked", "batched"]
@@ -55,12 +61,13 @@ def same_device(a: DeviceLike, b: DeviceLike) -> bool:
 
 
 def resolve_device(spec: str) -> torch.device:
-    """The device a config's ``device`` names: ``"auto"`` is ``cuda`` when CUDA is
-    available, else ``cpu``.  Raises ``ValueError`` naming the devices present when
-    the requested one is absent (CUDA not available, ``cuda:N`` beyond the count, MPS
-    not available)."""
+    """The device a config's ``device`` names: ``"auto"`` is CUDA when CUDA is
+    available, else ``cpu``; a CUDA device always with its index (``"cuda"`` is the
+    current one), so one card has one name.  Raises ``ValueError`` naming the devices
+    present when the requested one is absent (CUDA not available, ``cuda:N`` beyond the
+    count, MPS not available)."""
     if spec == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(spec)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -68,6 +75,7 @@ def resolve_device(spec: str) -> torch.device:
         count = torch.cuda.device_count()
         if device.index is not None and device.index >= count:
             raise ValueError(f"{spec!r} requested but this machine has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
+        return torch.device("cuda", _index(device))
     elif device.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"{spec!r} requested but MPS is not available (use 'cpu' or 'auto')")
     return device
@@ -76,12 +84,14 @@ def resolve_device(spec: str) -> torch.device:
 def memory_budget_mb(device: DeviceLike, cpu_default: int) -> int:
     """Default working-set bound in MiB on ``device``: ``cpu_default`` on the CPU (and
     MPS, whose memory is the host's); on CUDA, :data:`CUDA_BUDGET_SHARE` of the
-    device's free memory now, at least ``cpu_default``."""
+    device's memory that is free now (to the driver, or held by torch's allocator but
+    unused), at least ``cpu_default``."""
     device = torch.device(device)
     if device.type != "cuda":
         return cpu_default
     free, _ = torch.cuda.mem_get_info(device)
-    return max(cpu_default, int(free * CUDA_BUDGET_SHARE) >> 20)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return max(cpu_default, int((free + cached) * CUDA_BUDGET_SHARE) >> 20)
 
 
 #: Device types that run the batched engine (the CPU, and shape-only "meta" tensors,

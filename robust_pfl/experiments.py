@@ -42,7 +42,7 @@ from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
 from robust_pfl.devices import memory_budget_mb, resolve_device
-from robust_pfl.seeding import deterministic_kernels
+from robust_pfl.seeding import deterministic_kernels_within
 from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
 from robust_pfl.types import RoundRecord
 
@@ -389,7 +389,6 @@ def run_experiment(
         raise config_error(None, [("checkpoint_every", "resuming needs checkpoints: set checkpoint_every = <rounds>")])
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir, where the checkpoints are")
-    deterministic_kernels(config.device)
     checkpoints = None if out_dir is None else Path(out_dir) / "checkpoints"
 
     def checkpoint_of(method: MethodConfig, seed: int) -> Path | None:
@@ -401,7 +400,7 @@ def run_experiment(
                 remove_checkpoint(checkpoints / checkpoint_name(method.display, seed))
     table = ResultTable()
     total = config.rounds * len(config.methods) * len(config.seeds)
-    with progress_bar(total, "robust-pfl run", progress) as bar:
+    with deterministic_kernels_within(config.device), progress_bar(total, "robust-pfl run", progress) as bar:
         for seed in config.seeds:
             task = build_task(config, seed)
             for method in config.methods:

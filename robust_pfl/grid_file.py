@@ -43,10 +43,11 @@ MAX_PROBLEMS = 30
 @dataclass(frozen=True)
 class Resources:
     """What one cell needs: Ray reserves it; the local backend runs each cell on
-    ``threads`` torch threads."""
+    ``threads`` torch threads.  ``gpus = None``: not said (a cell on CUDA then reserves
+    one, see :meth:`Grid.cell_resources`; Ray reserves none otherwise)."""
 
     cpus: float = 1.0
-    gpus: float = 0.0
+    gpus: float | None = None
 
     @property
     def threads(self) -> int:
@@ -83,12 +84,12 @@ class Grid:
         return any(str(cell.config.get("device", "cpu")).startswith("cuda") for cell in self.cells)
 
     def cell_resources(self) -> Resources:
-        """What Ray reserves per cell: the file's ``[resources]``, with one GPU when a
-        cell runs on CUDA and the file asks for none (``gpus = 0.25`` in the file
-        shares a card between four cells)."""
-        if self.uses_cuda and self.resources.gpus == 0:
-            return Resources(self.resources.cpus, 1.0)
-        return self.resources
+        """What Ray reserves per cell: the file's ``[resources]``; where it does not say
+        ``gpus``, one GPU when a cell runs on CUDA, else none (``gpus = 0.25`` shares a
+        card between four cells, ``gpus = 0`` reserves none)."""
+        if self.resources.gpus is not None:
+            return self.resources
+        return Resources(self.resources.cpus, 1.0 if self.uses_cuda else 0.0)
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def cell_key(config: ExperimentConfig) -> str:
     """The first 16 hex digits of the SHA-256 of the resolved config's sorted JSON:
     the same run gives the same key however its file wrote it (defaults explicit or
     not).  Non-finite numbers stay distinct (``NaN``, not ``null``)."""
-    text = json.dumps(config.model_dump(), sort_keys=True)
+    text = json.dumps(config.identity(), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

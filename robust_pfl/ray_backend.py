@@ -55,7 +55,7 @@ class RayBackend:
         if jobs is not None and jobs < 1:
             raise ConfigError(f"jobs must be at least 1, got {jobs}")
         self.address = address
-        self.resources = resources
+        self.resources = Resources(resources.cpus, resources.gpus or 0.0)  # gpus unsaid: none
         self.jobs = jobs
         self._owns_connection = not ray.is_initialized()
         if self._owns_connection:

@@ -5,7 +5,6 @@ an attack never changes the data sampling."""
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -34,17 +33,17 @@ def deterministic_kernels(device: torch.device | str) -> None:
     0.8 s of start-up (it imports torch's compiler stack) and a NaN fill of every
     fresh tensor, so it is left as it is there (and the fill is turned off on CUDA).
 
-    On CUDA, cuBLAS builds older than torch's per-stream workspaces also need
-    ``CUBLAS_WORKSPACE_CONFIG`` set before their first product; it is set here unless
-    the environment already sets it.  ``warn_only``: an op without a deterministic
-    CUDA kernel warns instead of failing the run (the package uses none: the
-    ``cuda`` tests fail on such a warning)."""
+    On CUDA (``CUBLAS_WORKSPACE_CONFIG`` is set when :mod:`robust_pfl.devices` is
+    imported): ``warn_only``, so an op without a deterministic CUDA kernel warns
+    instead of failing a long run (the package uses none: the ``cuda`` tests fail on
+    such a warning); and cuDNN's TF32 convolutions off, so a CNN's float32 results
+    differ across devices by the order of sums alone."""
     if resolve_device(str(device)).type != "cpu":
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         # no code here reads memory it did not write, so the NaN fill of every fresh
         # tensor that the flag adds would only cost a pass over it
         torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.backends.cudnn.allow_tf32 = False
 
 
 @contextmanager
@@ -55,6 +54,7 @@ def deterministic_kernels_within(device: torch.device | str) -> Iterator[None]:
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.utils.deterministic.fill_uninitialized_memory,
+        torch.backends.cudnn.allow_tf32,
     )
     deterministic_kernels(device)
     try:
@@ -62,3 +62,4 @@ def deterministic_kernels_within(device: torch.device | str) -> Iterator[None]:
     finally:
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+        torch.backends.cudnn.allow_tf32 = saved[3]

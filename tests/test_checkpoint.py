@@ -31,15 +31,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(autouse=True)
-def restore_determinism_flag():
-    """run_experiment switches on torch's deterministic mode process-wide; put it back."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    yield
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
-
-
 SYNTHETIC = {"name": "synthetic_linear", "clusters": 2, "clients_per_cluster": 4}
 DIGITS = {
     "name": "image",

@@ -55,7 +55,19 @@ def test_auto_resolves_to_cuda_only_where_cuda_is_available(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert resolve_device("auto") == torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert resolve_device("auto") == torch.device("cuda:1")
+
+
+def test_a_card_has_one_name(monkeypatch):
+    """``cuda`` resolves to the current card's index, so a grid cell on ``cuda`` and
+    one on ``cuda:0`` (device 0 current) are one run with one key."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert resolve_device("cuda") == resolve_device("cuda:0") == torch.device("cuda:0")
+    assert resolve_device("cuda:1") == torch.device("cuda:1")
 
 
 def test_absent_devices_are_refused_naming_what_exists(monkeypatch):
@@ -74,8 +86,12 @@ def test_cpu_budget_is_the_engine_default_and_cuda_a_share_of_free_memory(monkey
     assert memory_budget_mb(torch.device("cpu"), 256) == 256
     free = 80 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 141 << 30))
-    assert memory_budget_mb("cuda:0", 1024) == int(free * devices.CUDA_BUDGET_SHARE) >> 20 == 20480
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 6 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 << 30)
+    # a quarter of what is free to the driver (80 GiB) and cached unused by torch (4 GiB)
+    assert memory_budget_mb("cuda:0", 1024) == int((84 << 30) * devices.CUDA_BUDGET_SHARE) >> 20 == 21504
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 141 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 << 30)  # nothing cached unused
     assert memory_budget_mb("cuda:0", 1024) == 1024  # never below the CPU's value
 
 
@@ -124,7 +140,7 @@ def config_data(device: str) -> dict:
 def test_config_accepts_auto_and_validation_resolves_it():
     config = parse_config(config_data("auto"))
     assert config.device == "auto"
-    assert validate(config).device == ("cuda" if CUDA else "cpu")
+    assert validate(config).device == ("cuda:0" if CUDA else "cpu")
 
 
 def test_bad_device_fails_at_load_naming_field_and_values():
@@ -173,7 +189,7 @@ def test_device_auto_on_the_command_line_runs_where_the_config_names_an_absent_g
     path = write_config(tmp_path, device="cuda:7")
     assert main(["run", str(path), "--device", "auto", "--out", str(tmp_path / "out")]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert summary["config"]["device"] == ("cuda" if CUDA else "cpu")
+    assert summary["config"]["device"] == ("cuda:0" if CUDA else "cpu")
 
 
 @pytest.mark.parametrize("figure", ["fig2", "fig3", "fig7"])
@@ -193,7 +209,7 @@ def test_grid_device_override_changes_the_cell_keys_and_auto_keys_the_picked_dev
     path = write_config(tmp_path, device="cpu", grid={"method.lr": [0.1, 0.2]})
     on_file = load_grid(path)
     auto = load_grid(path, device="auto")
-    assert [cell.config["device"] for cell in auto.cells] == ["cuda" if CUDA else "cpu"] * 2
+    assert [cell.config["device"] for cell in auto.cells] == ["cuda:0" if CUDA else "cpu"] * 2
     if not CUDA:  # auto picked the CPU: the same runs, so the same cells
         assert [c.cell for c in auto.cells] == [c.cell for c in on_file.cells]
 
@@ -215,4 +231,22 @@ def test_ray_reserves_a_gpu_per_cell_on_cuda_unless_the_file_says_otherwise():
     assert cuda_grid.uses_cuda and cuda_grid.cell_resources() == Resources(cpus=2.0, gpus=1.0)
     shared = Grid("g", [], [cell("cuda")], Resources(cpus=1.0, gpus=0.25))
     assert shared.cell_resources().gpus == 0.25
+    none = Grid("g", [], [cell("cuda")], Resources(cpus=1.0, gpus=0.0))  # the file says 0: none
+    assert none.cell_resources().gpus == 0.0
 
+
+
+def test_theory_budget_left_unset_keeps_the_key_of_the_former_256_mb_default():
+    """The budget changes no result: a config that leaves it to the device is the run
+    that an older version keyed with its fixed 256 MB, and its checkpoint resumes."""
+    from robust_pfl.checkpoint import fingerprint
+    from robust_pfl.grid_file import cell_key
+
+    def with_theory(**theory):
+        return parse_config({**config_data("cpu"), "theory": {"estimate": ["A"], **theory}})
+
+    unset, old_default, other = with_theory(), with_theory(memory_budget_mb=256), with_theory(memory_budget_mb=512)
+    assert unset.theory.memory_budget_mb is None
+    assert cell_key(unset) == cell_key(old_default) != cell_key(other)
+    method = unset.methods[0]
+    assert fingerprint(unset, method, 0) == fingerprint(old_default, method, 0) != fingerprint(other, method, 0)

@@ -10,22 +10,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 
 from robust_pfl.cli import main
 from robust_pfl.results import ResultTable, write_results
 
 HISTORY_COLUMNS = ["method", "seed", "round", "metric", "value"]
-
-
-@pytest.fixture(autouse=True)
-def restore_determinism_flag():
-    """run_experiment switches on torch's deterministic mode process-wide; put it back
-    so that these tests do not change how other test modules run."""
-    enabled = torch.are_deterministic_algorithms_enabled()
-    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    yield
-    torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 # -- ResultTable.final ----------------------------------------------------------------------
