@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from robust_pfl.results import atomic_write_text, write_summary
+from theory_checks.fitting import LEVEL
 from theory_checks.report_figures import plot_scaling
 from theory_checks.statements import registry
 from theory_checks.statements.registry import Budget, Kind, Statement
-from theory_checks.types import CheckResult, PowerLaw
+from theory_checks.statements.search import TOLERANCE
+from theory_checks.types import CheckResult
+from theory_checks.verdicts import EXPONENT_TOLERANCE
 
 REPORT_NAME = "theory_report.md"
 JSON_NAME = "theory_report.json"
@@ -45,13 +48,42 @@ def contradiction_note(kind: Kind, result: CheckResult) -> str:
     return f"CONTRADICTS KIND: {kind} statement fails"
 
 
+STATUS_TEXT = {"holds": "holds", "fails": "FAILS", "inconclusive": "inconclusive",
+               "hypotheses_unmet": "hypotheses unmet"}
+
+
 def status_text(result: CheckResult) -> str:
-    """``holds`` / ``holds with constant C = ...`` / ``FAILS``."""
-    if result.status == "fails":
-        return "FAILS"
+    """``holds`` / ``holds with constant C = ...`` / ``FAILS`` / ``inconclusive`` /
+    ``hypotheses unmet`` (a failed or undecided rate has no constant)."""
     if result.status == "holds_with_constant":
         return "holds with constant" + ("" if result.constant is None else f" C = {result.constant.value:.3g}")
-    return "holds"
+    return STATUS_TEXT[result.status]
+
+
+def legend() -> list[str]:
+    """What every status means, and the tolerances behind them (the report's head)."""
+    return [
+        "**How to read this report.** A status is what the checks found on the instances they ran, not a proof.",
+        "",
+        f"- **holds**: an `exact` or `corrected` statement that no instance tried violated by more than a relative "
+        f"margin of {TOLERANCE:g} (margins of a few 1e-15 below 0 are rounding).",
+        "- **holds with constant C**: a rate (`up_to_constant`) whose hypotheses hold on the instances run and "
+        f"whose every fitted exponent meets the claim, within {EXPONENT_TOLERANCE:g} or faster; `C` is the "
+        "smallest constant over those instances (finite data always admit one: the exponents decide).",
+        "- **FAILS**: an exact statement violated; a `false_as_printed` statement's counterexample found; or a "
+        "rate whose error / bound ratio grows without limit along a family meeting every hypothesis (the family "
+        "is under Counterexamples).",
+        "- **inconclusive**: a rate whose exponent interval holds both the claimed decay and no decay.",
+        "- **hypotheses unmet**: the theorem's hypotheses fail on the instances run (which, and the measured "
+        "values, are under Hypotheses), so they decide nothing about it.",
+        "",
+        f"Exponents are fitted to the mean error over the repeats (the expectation the rates bound) with a "
+        f"{LEVEL:.0%} bootstrap interval over the repeats (widened by Student's quantile for few repeats). "
+        "Directions: *faster than claimed* (the bound is loose there) is no violation; *slower than claimed* "
+        "along a variable that may grow without limit is one. Kinds: `exact`; `corrected` (our fix of a false "
+        "statement); `false_as_printed` (the check must find a counterexample); `up_to_constant` (a rate with "
+        "a hidden constant). `CONTRADICTS KIND` flags a status its kind rules out.",
+    ]
 
 
 def evidence_text(result: CheckResult) -> str:
@@ -105,11 +137,13 @@ def render_report(
     lines = [
         f"# Theory checks of Werner et al. (budget {budget}, {seconds:.1f} s)",
         "",
+        *legend(),
+        "",
         "| statement | source | kind | status | evidence | flag |",
         "|---|---|---|---|---|---|",
     ]
     if not results:
-        lines = lines[:2] + ["No statement is registered."]
+        lines = lines[:-2] + ["No statement is registered."]
     for name, result in results.items():
         statement = statements[name]
         lines.append(
@@ -121,20 +155,29 @@ def render_report(
             ) + " |"
         )
     lines += ["", "## Scaling exponents", ""]
-    fits = [(name, variable, law, claimed) for name, result in results.items()
+    fits = [(name, variable, law, claimed, result) for name, result in results.items()
             for variable, (law, claimed) in result.exponents.items()]
     if fits:
         lines += [
-            "| statement | variable | fitted exponent | interval | claimed | verdict |",
-            "|---|---|---|---|---|---|",
+            "| statement | variable | fitted exponent | interval | claimed | verdict | direction |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for name, variable, law, claimed in fits:
-            interval = f"[{law.low:.3g}, {law.high:.3g}] ({law.level:.0%}, {law.points} points)"
+        for name, variable, law, claimed, result in fits:
+            interval = f"[{law.low:.3g}, {law.high:.3g}] ({law.level:.0%}, {law.points} levels)"
+            verdict = result.verdicts.get(variable)
+            word, direction = ("-", "-") if verdict is None else (verdict.verdict, verdict.direction)
+            if result.status == "hypotheses_unmet":
+                word = "not given: hypotheses unmet"
             lines.append("| " + " | ".join(cell(text) for text in (
-                name, variable, f"{law.exponent:.3g}", interval, f"{claimed:g}", law.verdict(claimed),
+                name, variable, f"{law.exponent:.3g}", interval, f"{claimed:g}", word, direction,
             )) + " |")
     else:
         lines.append("No statement fitted a scaling exponent.")
+    measured = {name: result.hypotheses for name, result in results.items() if result.hypotheses}
+    if measured:
+        lines += ["", "## Hypotheses", "", "Measured on the instances each check ran.", ""]
+        lines += [f"- **{name}**: " + "; ".join(hypothesis.describe() for hypothesis in hypotheses)
+                  for name, hypotheses in measured.items()]
     lines += ["", "## Counterexamples", ""]
     failing = {name: result for name, result in results.items() if result.status == "fails"}
     if not failing:
@@ -142,6 +185,8 @@ def render_report(
     for name, result in failing.items():
         lines += [f"### {name} ({statements[name].kind}: {statements[name].source})", "",
                   f"Claim: {statements[name].claim}", ""]
+        if statements[name].provenance:
+            lines += [f"Where the proof goes wrong: {statements[name].provenance}", ""]
         if result.counterexample is None:
             lines.append("(the check recorded no instance)")
         else:

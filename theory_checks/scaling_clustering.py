@@ -32,19 +32,31 @@ right-hand side:
   term, with ``n`` large so that ``sigma^2 / n`` is smaller.  The centre starts at the
   bulk.
 
-A start at a rare point never moves: every point within ``tau`` of it has its value.
-Over a uniformly random start of cluster 0 (which meets the proof's ``E||v_0 - E
-z_0||^2 <= sigma^2``, step (v) of A.1) the expected error is therefore
-``p (h - p h)^2 + (1 - p) (p h)^2 = (1 - p) sigma^2``, whatever ``tau``'s constant and
-however many rounds, while eq. (14)'s right-hand side tends to 0 as ``n`` and ``Delta
-/ sigma`` grow: :func:`two_point_random_start` measures this along a family of
+A start at a rare point never moves: every point within ``tau`` of it has its value,
+so from there the error is ``(h - p h)^2 = (1 - p)^2 h^2`` (about ``1022 sigma^2`` at
+``Delta = 8``).  Over a uniformly random start of cluster 0 the expected error is
+``p (1 - p)^2 h^2 + (1 - p) (p h)^2 = (1 - p) sigma^2``, whatever ``tau``'s constant
+and however many rounds, while eq. (14)'s right-hand side tends to 0 as ``n`` and
+``Delta / sigma`` grow: :func:`two_point_random_start` measures this along a family of
 instances, where the ratio to the bound grows without limit.
+
+Which start the theorem allows decides whether that is a counterexample: step (v) of
+the proof (A.1) assumes ``E||v_0 - E z_i||^2 <= sigma^2`` in expectation over the start
+(the workshop version says so), which FC's random-member start (Alg. 2, line 6) meets,
+and under which the family breaks eq. (14).  From a deterministic start within
+``sigma`` of ``E z_i`` the family's error stays ``p^2 h^2``, inside the bound.
+:func:`clustering_study` runs both readings (``reading="expectation"``: every sweep
+from a uniformly random member of cluster 0, the two-point sweep's error taken exactly
+in expectation over that start; ``"deterministic"``: every sweep from ``E z_0 + sigma
+u``, the two-point sweep from the bulk) and measures the theorem's hypotheses on the
+instances run.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Callable, Literal
 
 import numpy as np
 import torch
@@ -53,6 +65,12 @@ from torch import Tensor
 from defenses.threshold_clustering import threshold_clustering
 from theory_checks import bounds
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
+from theory_checks.types import Hypothesis
+
+Reading = Literal["expectation", "deterministic"]
+READINGS: tuple[Reading, ...] = ("expectation", "deterministic")
+# start(points[B, N, d], n, truth[B, d]) -> [B, d]: where cluster 0's centre starts
+Start = Callable[[Tensor, int, Tensor], Tensor]
 
 SIGMA = 1.0
 CLUSTERS = 2
@@ -101,21 +119,64 @@ CLUSTERING_BUDGETS: dict[str, ClusteringSizes] = {
 }
 
 
-def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = None, seed: int = 0) -> ScalingStudy:
-    """Run the four Thm 3.1 sweeps (module docstring) and fit their exponents and the
-    hidden constant of eq. (14).  ``sizes`` overrides the ``budget``'s sizes."""
+def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = None, seed: int = 0,
+                     reading: Reading = "expectation") -> ScalingStudy:
+    """Run the four Thm 3.1 sweeps (module docstring) from the starts that ``reading``
+    allows, fit their exponents and the hidden constant of eq. (14), and measure the
+    theorem's hypotheses on them.  ``sizes`` overrides the ``budget``'s sizes."""
+    if reading not in READINGS:
+        raise ValueError(f"reading must be one of {READINGS}, got {reading!r}")
     chosen = sizes or CLUSTERING_BUDGETS[budget]
     generator = torch.Generator().manual_seed(seed)
     direction = _unit(torch.randn(chosen.dim, generator=generator, dtype=torch.float64))
+    if reading == "expectation":
+        start: Start = lambda points, n, truth: _random_member(points, n, generator)  # noqa: E731
+    else:
+        start = lambda points, n, truth: truth + SIGMA * direction  # noqa: E731
     sweeps = [
-        _size_sweep(chosen, generator),
-        _byzantine_sweep(chosen, direction, generator),
-        _gaussian_separation_sweep(chosen, generator),
-        _two_point_sweep(chosen, generator),
+        _size_sweep(chosen, generator, start),
+        _byzantine_sweep(chosen, direction, generator, start),
+        _gaussian_separation_sweep(chosen, generator, start),
+        _two_point_sweep(chosen, generator, reading),
     ]
     findings = {"two_point_random_start": two_point_random_start(chosen.random_start_family, seed=seed)}
-    settings = {"sigma": SIGMA, "clusters": CLUSTERS, **asdict(chosen), "seed": seed}
-    return assemble("thm3.1", sweeps, settings, seed, findings)
+    settings = {"sigma": SIGMA, "clusters": CLUSTERS, "reading": reading, **asdict(chosen), "seed": seed}
+    return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading))
+
+
+def clustering_hypotheses(sizes: ClusteringSizes, reading: Reading) -> tuple[Hypothesis, ...]:
+    """Thm 3.1's hypotheses on the study's instances: ``Delta >~ sigma / delta_i`` and
+    ``beta_i <~ delta_i`` (read with constant 1), and the start of the ``reading``
+    (exact for the constructions: a Gaussian cluster's total variance is ``sigma^2``,
+    a two-point cluster's ``(1 - p) sigma^2``; the bulk lies ``p h = sigma^2 / h``
+    from the mean)."""
+    half = 1.0 / CLUSTERS
+    n = sizes.attacked_cluster_size
+    separations = [  # (delta_i Delta / sigma, where)
+        (half * sizes.size_separation / SIGMA, "the n sweep"),
+        *((n / (CLUSTERS * n + count) * sizes.attacked_separation / SIGMA, f"beta sweep, {count} Byzantine")
+          for count in sizes.byzantine_counts),
+        (half * min(sizes.gaussian_separations) / SIGMA, f"Delta = {min(sizes.gaussian_separations):g}"),
+        (half * min(sizes.two_point_separations) / SIGMA, f"two-point Delta = {min(sizes.two_point_separations):g}"),
+        *((half * separation / SIGMA, f"family n = {size}") for size, separation in sizes.random_start_family),
+    ]
+    worst_separation = min(separations)
+    attacked = [(count / n, f"{count} Byzantine") for count in sizes.byzantine_counts]  # beta_i / delta_i
+    worst_beta = max(attacked)
+    out = [
+        Hypothesis("Delta >~ sigma/delta_i", "delta_i Delta / sigma >= 1 (constant 1)", worst_separation[0], 1.0,
+                   worst_separation[0] >= 1.0, worst_separation[1]),
+        Hypothesis("beta_i <~ delta_i", "beta_i / delta_i <= 1 (constant 1)", worst_beta[0], 1.0,
+                   worst_beta[0] <= 1.0, worst_beta[1]),
+    ]
+    if reading == "expectation":
+        out.append(Hypothesis("start, A.1 step (v)", "E||v_0 - E z_i||^2 / sigma^2 <= 1 over a random member",
+                              1.0, 1.0, True, "Gaussian clusters (total variance sigma^2)"))
+    else:
+        jump = 2 * float(bounds.clustering_radius(half, SIGMA, min(sizes.two_point_separations)))
+        out.append(Hypothesis("start within sigma", "||v_0 - E z_i|| / sigma <= 1 for a fixed start",
+                              1.0, 1.0, True, f"Gaussian sweeps (E z + sigma u); two-point bulk {SIGMA / jump:.3g}"))
+    return tuple(out)
 
 
 def clustering_errors(points: Tensor, start: Tensor, truth: Tensor, tau: float, rounds: int,
@@ -156,7 +217,7 @@ def _random_member(points: Tensor, cluster_size: int, generator: torch.Generator
     return points[torch.arange(points.shape[0]), index]
 
 
-def _size_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+def _size_sweep(sizes: ClusteringSizes, generator: torch.Generator, start: Start) -> Sweep:
     separation, fraction = sizes.size_separation, 1.0 / CLUSTERS
     tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
     rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
@@ -164,12 +225,12 @@ def _size_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
     for n in sizes.cluster_sizes:
         points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
         truth = points.new_zeros(sizes.repeats, sizes.dim)
-        errors.append(clustering_errors(points, _random_member(points, n, generator), truth, tau, rounds))
+        errors.append(clustering_errors(points, start(points, n, truth), truth, tau, rounds))
     rhs = bounds.clustering_error(SIGMA, separation, np.array(sizes.cluster_sizes))
     return Sweep("n", tuple(map(float, sizes.cluster_sizes)), torch.stack(errors).numpy(), tuple(rhs), -1.0)
 
 
-def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch.Generator) -> Sweep:
+def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch.Generator, start: Start) -> Sweep:
     n, separation = sizes.attacked_cluster_size, sizes.attacked_separation
     errors, betas, rhs = [], [], []
     for count in sizes.byzantine_counts:
@@ -179,14 +240,13 @@ def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch
         rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
         points = _gaussian_points(n, separation, sizes.dim, count, sizes.repeats, generator)
         truth = points.new_zeros(sizes.repeats, sizes.dim)
-        start = _random_member(points, n, generator)
-        errors.append(clustering_errors(points, start, truth, tau, rounds, count, direction))
+        errors.append(clustering_errors(points, start(points, n, truth), truth, tau, rounds, count, direction))
         betas.append(beta)
         rhs.append(float(bounds.clustering_error(SIGMA, separation, n, beta)))
     return Sweep("beta", tuple(betas), torch.stack(errors).numpy(), tuple(rhs), 1.0)
 
 
-def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator, start: Start) -> Sweep:
     n, fraction = sizes.gaussian_cluster_size, 1.0 / CLUSTERS
     errors = []
     for separation in sizes.gaussian_separations:
@@ -194,7 +254,7 @@ def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generato
         rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
         points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
         truth = points.new_zeros(sizes.repeats, sizes.dim)
-        errors.append(clustering_errors(points, _random_member(points, n, generator), truth, tau, rounds))
+        errors.append(clustering_errors(points, start(points, n, truth), truth, tau, rounds))
     rhs = bounds.clustering_error(SIGMA, np.array(sizes.gaussian_separations), n)
     return Sweep("separation_gaussian", tuple(sizes.gaussian_separations), torch.stack(errors).numpy(),
                  tuple(rhs), -1.0)
@@ -232,12 +292,19 @@ def _two_point_clusters(n: int, separation: float, dim: int, repeats: int,
     return TwoPointClusters(points, truth, points.new_zeros(repeats, dim), jump, rare, tau, rounds)
 
 
-def _two_point_sweep(sizes: ClusteringSizes, generator: torch.Generator) -> Sweep:
+def _two_point_sweep(sizes: ClusteringSizes, generator: torch.Generator, reading: Reading) -> Sweep:
+    """From the bulk (``"deterministic"``), or exactly in expectation over a uniformly
+    random member of cluster 0 (``"expectation"``: the bulk's error with probability
+    ``1 - p``, a rare point's with ``p``)."""
     errors = []
     for separation in sizes.two_point_separations:
         c = _two_point_clusters(sizes.two_point_cluster_size, separation, sizes.dim, sizes.two_point_repeats,
                                 generator)
-        errors.append(clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds))
+        from_bulk = clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds)
+        if reading == "expectation":
+            from_bulk = (1 - c.rare) * from_bulk + c.rare * clustering_errors(
+                c.points, _rare_start(c), c.truth, c.tau, c.rounds)
+        errors.append(from_bulk)
     n = sizes.two_point_cluster_size
     rhs = bounds.clustering_error(SIGMA, np.array(sizes.two_point_separations), n)
     return Sweep("separation_two_point", tuple(sizes.two_point_separations), torch.stack(errors).numpy(),
@@ -255,15 +322,20 @@ def two_point_random_start(family: tuple[tuple[int, float], ...], dim: int = 2,
     for n, separation in family:
         c = _two_point_clusters(n, separation, dim, 1, generator)
         from_bulk = float(clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds)[0])
-        rare_start = c.bulk.clone()
-        rare_start[:, 0] = c.jump
-        from_rare = float(clustering_errors(c.points, rare_start, c.truth, c.tau, c.rounds)[0])
+        from_rare = float(clustering_errors(c.points, _rare_start(c), c.truth, c.tau, c.rounds)[0])
         expected = (1 - c.rare) * from_bulk + c.rare * from_rare
         rhs = float(bounds.clustering_error(SIGMA, separation, n))
         out.append({"n": n, "separation": separation, "sigma": SIGMA, "tau": c.tau, "rounds": c.rounds,
                     "rare_probability": c.rare, "error_from_bulk": from_bulk, "error_from_rare_point": from_rare,
                     "expected_error_random_start": expected, "rhs": rhs, "ratio_to_rhs": expected / rhs})
     return out
+
+
+def _rare_start(clusters: TwoPointClusters) -> Tensor:
+    """A start at cluster 0's rare value, ``bulk + h e_1``."""
+    start = clusters.bulk.clone()
+    start[:, 0] = clusters.jump
+    return start
 
 
 def _unit(vector: Tensor) -> Tensor:

@@ -1,6 +1,7 @@
 """What every scaling study returns, and the steps they share: tidy rows of measured
-errors, one power law per swept variable (:func:`theory_checks.fitting.fit_power_law`)
-and the hidden constant of the bound (:func:`theory_checks.bounds.fit_constant`)."""
+errors, one power law per swept variable fitted to the mean over the repeats
+(:func:`theory_checks.fitting.fit_mean_power_law`), the hidden constant of the bound
+(:func:`theory_checks.bounds.fit_constant`) and the theorem's hypotheses as measured."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from theory_checks.bounds import fit_constant
-from theory_checks.fitting import fit_power_law
-from theory_checks.types import FittedConstant, PowerLaw
+from theory_checks.fitting import fit_mean_power_law
+from theory_checks.types import FittedConstant, Hypothesis, PowerLaw
+from theory_checks.verdicts import rate_verdict
 
 Budget = Literal["quick", "full"]
 Row = dict[str, Any]
@@ -54,6 +56,7 @@ class ScalingStudy:
         claimed_rhs: ``{"variable", "x", "mean_error", "rhs"}`` per swept value.
         settings: the sizes and parameters used.
         findings: measurements beside the sweeps (named, with a short reason).
+        hypotheses: the theorem's hypotheses as measured on the study's instances.
     """
 
     theorem: str
@@ -64,19 +67,20 @@ class ScalingStudy:
     claimed_rhs: list[dict[str, float | str]]
     settings: dict[str, Any] = field(default_factory=dict)
     findings: dict[str, Any] = field(default_factory=dict)
+    hypotheses: tuple[Hypothesis, ...] = ()
 
 
 def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], seed: int,
-             findings: dict[str, Any] | None = None) -> ScalingStudy:
-    """Rows, laws and the constant of ``sweeps`` (every sweep needs two or more values
-    and positive errors; the bootstrap is seeded by ``seed``)."""
+             findings: dict[str, Any] | None = None, hypotheses: Sequence[Hypothesis] = ()) -> ScalingStudy:
+    """Rows, laws (fitted to the mean over the repeats) and the constant of ``sweeps``
+    (every sweep needs two or more values and positive mean errors; the bootstrap is
+    seeded by ``seed``)."""
     rows: list[Row] = []
     laws: dict[str, PowerLaw] = {}
     table: list[dict[str, float | str]] = []
     for sweep in sweeps:
-        sweep_rows = sweep.rows()
-        rows.extend(sweep_rows)
-        laws[sweep.variable] = fit_power_law([r["x"] for r in sweep_rows], [r["error"] for r in sweep_rows], seed=seed)
+        rows.extend(sweep.rows())
+        laws[sweep.variable] = fit_mean_power_law(sweep.values, sweep.errors, seed=seed)
         means = sweep.errors.mean(axis=1)
         table.extend(
             {"variable": sweep.variable, "x": float(x), "mean_error": float(m), "rhs": float(b)}
@@ -84,14 +88,15 @@ def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], se
         )
     constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
     return ScalingStudy(theorem, rows, laws, {s.variable: s.claimed for s in sweeps}, constant, table,
-                        settings, findings or {})
+                        settings, findings or {}, tuple(hypotheses))
 
 
-def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float]) -> str:
-    """One line: every fitted exponent with its interval beside the claimed one, and
-    plainly where they disagree."""
-    return "; ".join(
-        f"{name}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed {claimed[name]:+.2f} "
-        f"({law.verdict(claimed[name])})"
-        for name, law in laws.items()
-    )
+def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float], bounded: frozenset[str] = frozenset()) -> str:
+    """One line: every fitted exponent with its interval beside the claimed one, and its
+    verdict with the direction of any departure (:func:`theory_checks.verdicts.rate_verdict`)."""
+    parts = []
+    for name, law in laws.items():
+        verdict = rate_verdict(law, claimed[name], name in bounded)
+        parts.append(f"{name}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed "
+                     f"{claimed[name]:+.2f} ({verdict.verdict}: {verdict.direction})")
+    return "; ".join(parts)

@@ -43,6 +43,15 @@ reason):
 * MC under attack: one Byzantine client per cluster running the ball-edge attack
   (the paper's threat model: just inside the current ball, pushing away).
 
+The hypotheses are measured on the runs themselves (:class:`PathStatistics`):
+Assumption 6's ``sigma`` as the largest per-sample gradient spread at any model a run
+visits (the bound is evaluated with it, so Assumption 6 holds on the run), Assumption
+5's ``Delta`` as the smallest cross-cluster gradient distance at the visited models
+(FC's clustering reads ``g_j(x_i)`` at the receiver's model), ``Delta >~ rho /
+delta_i`` with ``rho`` the noise of the batch gradients clustered (read with constant
+1), and for MC Assumption 9, ``||E m_i,t - E m_j,t|| >= Delta`` for every round, with
+the expectation over the repeats.
+
 The repeats use different federation seeds (batches and the initial model); each
 repeat is a separate run, as the algorithms are stateful objects.
 """
@@ -50,16 +59,18 @@ repeat is a separate run, as the algorithms are stateful objects.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 import defenses
+from robust_pfl.data import ClientData
 from robust_pfl.federation import Federation
 from theory_checks import bounds
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
+from theory_checks.types import Hypothesis
 from theory_checks.scaling_rate_problem import (
     RATE_BUDGETS,
     RateProblem,
@@ -72,16 +83,54 @@ from theory_checks.scaling_rate_problem import (
 )
 
 
-def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation, horizon: int) -> float:
+@dataclass(frozen=True)
+class PathStatistics:
+    """The constants of Assumptions 5, 6 and 9 on the models one run visited (honest
+    clients, their own full data): ``noise`` the largest per-sample gradient spread
+    ``mean_s ||g_s(x_i) - grad f_i(x_i)||^2``; ``separation`` the smallest
+    ``||grad f_i(x_i) - grad f_j(x_i)||`` over clients ``j`` of other clusters;
+    ``momenta`` the honest clients' momenta after every round (MC), ``[T, H, d]``."""
+
+    noise: float
+    separation: float
+    momenta: np.ndarray | None = None
+
+
+def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
+                          horizon: int) -> tuple[float, PathStatistics]:
     """``(1/T) sum_{t=1}^T mean_i ||grad f_i(x_{i,t-1})||^2`` over honest clients, with
-    full local gradients (the left side of eq. 23 and eq. 28)."""
+    full local gradients (the left side of eq. 23 and eq. 28), and the run's
+    :class:`PathStatistics` at the same models."""
     honest = federation.honest
+    data = ClientData(federation.train.inputs[honest], federation.train.targets[honest])
+    clusters = federation.cluster_ids[honest]
+    other = clusters.unsqueeze(0) != clusters.unsqueeze(1)  # [H, H]: j in another cluster than i
     total = torch.zeros((), dtype=torch.float64)
+    noise, separation = 0.0, math.inf
+    momenta = [] if isinstance(algorithm, defenses.REGISTRY["mc"]) else None
     for round_index in range(horizon):
-        gradients = federation.objective.paired_gradients(algorithm.client_models(), federation.train)
-        total += gradients[honest].square().sum(-1).mean()
+        models = algorithm.client_models()[honest]
+        cross = federation.objective.cross_gradients(models, data)  # [H models, H clients, d]
+        own = torch.diagonal(cross, dim1=0, dim2=1).T  # grad f_i(x_i), [H, d]
+        total += own.square().sum(-1).mean()
+        noise = max(noise, _sample_spread(federation, models, data))
+        distances = (own.unsqueeze(1) - cross).norm(dim=-1)  # [i, j]: at x_i
+        separation = min(separation, float(distances[other].min()))
         algorithm.step(round_index)
-    return float(total) / horizon
+        if momenta is not None:
+            momenta.append(algorithm.momenta[honest].numpy().copy())
+    path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta))
+    return float(total) / horizon, path
+
+
+def _sample_spread(federation: Federation, models: torch.Tensor, data: ClientData) -> float:
+    """``max_i mean_s ||g_s(x_i) - grad f_i(x_i)||^2``: every sample a one-sample client."""
+    clients, samples = data.inputs.shape[:2]
+    single = ClientData(data.inputs.reshape(clients * samples, 1, *data.inputs.shape[2:]),
+                        data.targets.reshape(clients * samples, 1, *data.targets.shape[2:]))
+    per_sample = federation.objective.paired_gradients(models.repeat_interleave(samples, 0), single)
+    per_sample = per_sample.reshape(clients, samples, -1)
+    return float((per_sample - per_sample.mean(1, keepdim=True)).square().sum(-1).mean(-1).max())
 
 
 def fc_options(problem: RateProblem, eta: float) -> dict[str, Any]:
@@ -106,39 +155,97 @@ def mc_options(problem: RateProblem, eta: float, radius: str = "quantile") -> di
 
 
 def _run(problem: RateProblem, method: str, horizon: int, seed: int, sizes: RateSizes,
-         attack: str | None = None, radius: str = "quantile") -> tuple[float, dict[str, Any]]:
-    """One run: the measured average, and the options used with (MC) ``merged``:
-    whether every honest client ends on one centre although there are two or more
-    clusters (warm-started centres that met stay together, Alg. 4)."""
+         attack: str | None = None, radius: str = "quantile") -> tuple[float, dict[str, Any], PathStatistics]:
+    """One run: the measured average, the options used with (MC) ``merged``: whether
+    every honest client ends on one centre although there are two or more clusters
+    (warm-started centres that met stay together, Alg. 4), and its path statistics."""
     federation = federation_for(problem, seed, attack)
     eta = learning_rate(problem, optimality_gap(problem, federation), horizon, sizes)
     options = fc_options(problem, eta) if method == "fc" else mc_options(problem, eta, radius)
     algorithm = defenses.build(method, federation, options)
     algorithm.snapshot_records = False
-    error = average_gradient_norm(algorithm, federation, horizon)
+    error, path = average_gradient_norm(algorithm, federation, horizon)
     if method == "mc":
         honest_centres = algorithm.assignment[federation.honest].unique().numel()
         options = {**options, "merged": honest_centres == 1 < federation.clusters}
-    return error, options
+    return error, options, path
+
+
+@dataclass(frozen=True)
+class HorizonPaths:
+    """The path statistics of one horizon's repeats: the largest ``noise``, the smallest
+    ``separation``, and (MC) the smallest ``||E m_i,t - E m_j,t||`` over rounds and
+    cross-cluster pairs with the expectation over the repeats, at round ``round``."""
+
+    horizon: int
+    noise: float
+    separation: float
+    momentum_separation: float | None = None
+    round: int | None = None
+
+
+def _horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarray) -> HorizonPaths:
+    noise = max(path.noise for path in paths)
+    separation = min(path.separation for path in paths)
+    if paths[0].momenta is None:
+        return HorizonPaths(horizon, noise, separation)
+    mean = np.mean([path.momenta for path in paths], axis=0)  # [T, H, d]: E m over the repeats
+    gaps = np.linalg.norm(mean[:, :, None] - mean[:, None, :], axis=-1)  # [T, H, H]
+    gaps = np.where(clusters[:, None] != clusters[None, :], gaps, np.inf).min(axis=(1, 2))  # [T]
+    return HorizonPaths(horizon, noise, separation, float(gaps.min()), int(gaps.argmin()) + 1)
 
 
 def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: float, sizes: RateSizes,
-                   seed: int, rhs, attack: str | None = None) -> tuple[Sweep, list[dict[str, Any]]]:
+                   seed: int, rhs, attack: str | None = None
+                   ) -> tuple[Sweep, list[dict[str, Any]], list[HorizonPaths]]:
     """Errors ``[horizons, repeats]`` (repeat ``r`` uses federation seed ``seed * 1000
-    + r``), and per horizon the options of repeat 0 (with, for MC, how many repeats
-    ended with merged centres)."""
+    + r``), per horizon the options of repeat 0 (with, for MC, how many repeats ended
+    with merged centres) and the path statistics; ``rhs(horizons, paths)`` gives the
+    bound at every horizon from its paths' constants."""
     errors = np.empty((len(sizes.horizons), sizes.repeats))
-    used = []
+    clusters = problem.task.cluster_ids[~problem.task.byzantine].numpy()
+    used, paths = [], []
     for row, horizon in enumerate(sizes.horizons):
         merged = 0
+        runs = []
         for repeat in range(sizes.repeats):
-            errors[row, repeat], options = _run(problem, method, horizon, seed * 1000 + repeat, sizes, attack)
+            errors[row, repeat], options, path = _run(problem, method, horizon, seed * 1000 + repeat, sizes, attack)
+            runs.append(path)
             merged += int(options.pop("merged", False))
             if repeat == 0:
                 first = {"T": horizon, **options}
         used.append({**first, "merged_runs": merged} if method == "mc" else first)
+        paths.append(_horizon_paths(horizon, runs, clusters))
     values = tuple(float(h) for h in sizes.horizons)
-    return Sweep(variable, values, errors, tuple(float(r) for r in rhs(np.array(values))), claimed), used
+    bound = rhs(np.array(values), paths)
+    return Sweep(variable, values, errors, tuple(float(r) for r in bound), claimed), used, paths
+
+
+def run_hypotheses(problem: RateProblem, paths: list[HorizonPaths], momentum: bool = False) -> list[Hypothesis]:
+    """The rate theorems' hypotheses on the runs (worst horizon): Assumption 6 holds by
+    the choice of ``sigma`` (the largest spread visited); ``Delta >~ rho / delta_i``
+    with the visited separation and ``rho = sigma / sqrt(b)`` (constant 1); with
+    ``momentum``, Assumption 9 (``||E m_i,t - E m_j,t|| >= Delta`` with ``Delta >~ rho /
+    delta_i``, constant 1)."""
+    delta, batch = problem.cluster_fraction, problem.batch_size
+    ratios = [(path.separation * delta * math.sqrt(batch / path.noise), path) for path in paths]
+    worst, where = min(ratios, key=lambda item: item[0])
+    spread = max(path.noise for path in paths)
+    out = [
+        Hypothesis("Assumption 6 on the runs", "sigma^2 = the largest per-sample gradient spread at a visited model "
+                   "(the bound uses it)", spread, spread, True,
+                   f"the start; at the cluster minimisers it is {problem.sample_sigma ** 2:.3g}"),
+        Hypothesis("Delta >~ rho/delta_i", "delta_i Delta / rho >= 1 (constant 1), Delta the smallest cross-cluster "
+                   "gradient distance at a visited model, rho = sigma / sqrt(b)", worst, 1.0, worst >= 1.0,
+                   f"T = {where.horizon}"),
+    ]
+    if momentum:
+        gaps = [(path.momentum_separation * delta * math.sqrt(batch / path.noise), path) for path in paths]
+        gap, at = min(gaps, key=lambda item: item[0])
+        out.append(Hypothesis("Assumption 9", "delta_i min_t ||E m_i,t - E m_j,t|| / rho >= 1 (Delta >~ rho / "
+                              "delta_i, constant 1; E over the repeats)", gap, 1.0, gap >= 1.0,
+                              f"T = {at.horizon}, round {at.round}"))
+    return out
 
 
 def _problem_settings(problem: RateProblem, sizes: RateSizes) -> dict[str, Any]:
@@ -154,14 +261,17 @@ def fc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     chosen = sizes or RATE_BUDGETS[budget]
     problem = rate_problem(chosen)
 
-    def rhs(horizons: np.ndarray) -> np.ndarray:
-        return bounds.fc_rate(0.0, problem.sample_sigma, problem.separation, problem.cluster_size, 0.0, horizons)
+    def rhs(horizons: np.ndarray, paths: list[HorizonPaths]) -> np.ndarray:
+        sigma = np.sqrt([path.noise for path in paths])
+        separation = np.array([path.separation for path in paths])
+        return bounds.fc_rate(0.0, sigma, separation, problem.cluster_size, 0.0, horizons)
 
-    sweep, used = _horizon_sweep(problem, "fc", "T", -0.5, chosen, seed, rhs)
+    sweep, used, paths = _horizon_sweep(problem, "fc", "T", -0.5, chosen, seed, rhs)
     floor = independent_data_floor(chosen)
     floor["measured_at_largest_T"] = float(sweep.errors[-1].mean())
-    settings = {**_problem_settings(problem, chosen), "runs": used, "seed": seed}
-    return assemble("thm3.3", [sweep], settings, seed, {"independent_data_floor": floor})
+    settings = {**_problem_settings(problem, chosen), "runs": used, "paths": [asdict(p) for p in paths], "seed": seed}
+    return assemble("thm3.3", [sweep], settings, seed, {"independent_data_floor": floor},
+                    run_hypotheses(problem, paths))
 
 
 def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed: int = 0) -> ScalingStudy:
@@ -173,19 +283,22 @@ def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     attacked = rate_problem(chosen, chosen.byzantine_per_cluster)
 
     def rhs_for(problem: RateProblem):
-        def rhs(horizons: np.ndarray) -> np.ndarray:
-            return bounds.mc_rate(problem.batch_sigma, problem.separation, problem.cluster_size,
-                                  problem.byzantine_fraction, horizons)
+        def rhs(horizons: np.ndarray, paths: list[HorizonPaths]) -> np.ndarray:
+            rho = np.sqrt([path.noise / problem.batch_size for path in paths])
+            separation = np.array([path.separation for path in paths])
+            return bounds.mc_rate(rho, separation, problem.cluster_size, problem.byzantine_fraction, horizons)
         return rhs
 
-    sweep, used = _horizon_sweep(clean, "mc", "T", -0.5, chosen, seed, rhs_for(clean))
-    attacked_sweep, attacked_used = _horizon_sweep(attacked, "mc", "T_attacked", -0.25, chosen, seed,
-                                                   rhs_for(attacked), attack="ball_edge")
+    sweep, used, paths = _horizon_sweep(clean, "mc", "T", -0.5, chosen, seed, rhs_for(clean))
+    attacked_sweep, attacked_used, attacked_paths = _horizon_sweep(
+        attacked, "mc", "T_attacked", -0.25, chosen, seed, rhs_for(attacked), attack="ball_edge")
     findings = {"theory_radius": theory_radius_runs(clean, chosen, seed, sweep)}
     settings = {**_problem_settings(clean, chosen), "beta_attacked": attacked.byzantine_fraction,
                 "delta_attacked": attacked.cluster_fraction, "runs": used, "runs_attacked": attacked_used,
+                "paths": [asdict(p) for p in paths], "paths_attacked": [asdict(p) for p in attacked_paths],
                 "seed": seed}
-    return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings)
+    hypotheses = run_hypotheses(clean, paths, momentum=True)
+    return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings, hypotheses)
 
 
 def theory_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, quantile_sweep: Sweep) -> dict[str, Any]:
@@ -195,9 +308,9 @@ def theory_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, quanti
     for index in (0, len(sizes.horizons) - 1):
         horizon = sizes.horizons[index]
         runs = [_run(problem, "mc", horizon, seed * 1000 + r, sizes, radius="theory") for r in range(sizes.repeats)]
-        errors = [error for error, _ in runs]
+        errors = [error for error, _, _ in runs]
         out[f"T={horizon}"] = {"theory_radius_mean_error": float(np.mean(errors)),
                                "theory_radius_errors": errors,
-                               "theory_radius_merged_runs": sum(int(options["merged"]) for _, options in runs),
+                               "theory_radius_merged_runs": sum(int(options["merged"]) for _, options, _ in runs),
                                "quantile_radius_mean_error": float(quantile_sweep.errors[index].mean())}
     return out

@@ -87,18 +87,45 @@ class PowerLaw:
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
 
-    def verdict(self, claimed: float) -> str:
-        """``agrees`` when ``claimed`` lies in the interval; else says plainly how the
-        measured / claimed ratio then scales, ``x^(exponent - claimed)``: growing along a
-        variable without limit breaks an upper bound, shrinking means it is loose."""
-        if self.contains(claimed):
-            return "agrees"
-        side = "below" if claimed < self.low else "above"
-        return (f"DISAGREES (claimed {claimed:g} {side} [{self.low:.3g}, {self.high:.3g}]: "
-                f"error / bound ~ x^{self.exponent - claimed:+.2f})")
+
+Verdict = Literal["holds", "fails", "inconclusive"]
 
 
-Status = Literal["holds", "holds_with_constant", "fails"]
+@dataclass(frozen=True)
+class RateVerdict:
+    """What a fitted exponent says about a claimed one (:func:`theory_checks.verdicts.rate_verdict`).
+
+    ``verdict``: ``holds`` (as claimed, or faster: the bound is loose), ``fails`` (the
+    error / bound ratio grows without limit along the variable) or ``inconclusive``
+    (the interval holds both the claimed rate and no decay); ``direction`` says which
+    way the measurement departs from the claim, in words."""
+
+    verdict: Verdict
+    direction: str
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One hypothesis of a theorem, measured on the instances a check ran.
+
+    ``name`` cites it (``"Assumption 9"``), ``requirement`` states it as checked,
+    ``measured`` / ``required`` are the compared numbers (``holds``: their comparison
+    came out as the theorem needs), ``where`` the instance that decided it."""
+
+    name: str
+    requirement: str
+    measured: float
+    required: float
+    holds: bool
+    where: str = ""
+
+    def describe(self) -> str:
+        state = "met" if self.holds else "unmet"
+        at = f" at {self.where}" if self.where else ""
+        return f"{self.name} {state}: {self.requirement}; measured {self.measured:.3g}, needs {self.required:.3g}{at}"
+
+
+Status = Literal["holds", "holds_with_constant", "fails", "inconclusive", "hypotheses_unmet"]
 
 
 @dataclass(frozen=True)
@@ -111,9 +138,17 @@ class CheckResult:
       fitted one, ``exponents`` maps a variable name to ``(fitted PowerLaw, claimed
       exponent)``.
     * ``fails``: ``counterexample`` is the smallest instance found (after shrinking),
-      with the two sides of the claim evaluated on it.
+      with the two sides of the claim evaluated on it; for a rate, the family along
+      which the error / bound ratio grows, every instance of it meeting the
+      theorem's hypotheses.
+    * ``inconclusive``: a rate whose measurements cannot tell the claimed decay from
+      none (``verdicts`` says which variable).
+    * ``hypotheses_unmet``: some of ``hypotheses`` do not hold on the instances run,
+      so the measurements decide nothing about the theorem.
 
-    ``evidence`` is one line for the report's table; ``figures`` lists files written.
+    ``hypotheses`` are the theorem's hypotheses as measured; ``verdicts`` the verdict
+    of every fitted exponent.  ``evidence`` is one line for the report's table;
+    ``figures`` lists files written.
     """
 
     statement: str
@@ -126,6 +161,12 @@ class CheckResult:
     evidence: str = ""
     figures: tuple[str, ...] = ()
     details: dict[str, Any] = field(default_factory=dict)
+    hypotheses: tuple[Hypothesis, ...] = ()
+    verdicts: dict[str, RateVerdict] = field(default_factory=dict)
+
+    def unmet(self) -> list[Hypothesis]:
+        """The hypotheses that do not hold."""
+        return [hypothesis for hypothesis in self.hypotheses if not hypothesis.holds]
 
     def disagreements(self) -> list[str]:
         """Variables whose claimed exponent lies outside the fitted interval."""

@@ -192,6 +192,9 @@ def _lemma1_counterexample(instance: Instance) -> dict:
     "||grad f_i(x) - grad f_j(x)||^2 >= 1/2 (max_{j not~ i} ||grad f_j(x_i*)||)^2 - 2(1 + (L/mu)^2) "
     "||grad f_i(x)||^2, i.e. Assumption 5 with Delta = max_j ||grad f_j(x_i*)|| / sqrt 2",
     "false_as_printed",
+    provenance="A.3 derives the inequality for one pair (i, j), with ||grad f_j(x_i*)||^2 / 2; the statement "
+               "then takes the max over j, where only the min holds for every pair (lemma1-pair checks the "
+               "per-pair form)",
 )
 def check_lemma1_max(budget: Budget = "quick") -> CheckResult:
     outcome = _search(budget, _sample_quadratics, max_form_margin, quadratic_candidates, seed=301, valid=valid_quadratics)
@@ -275,6 +278,9 @@ def valid_distribution(instance: Instance) -> bool:
     "A.1, proof of Lemma 4 (contractivity of the thresholding)",
     "the clipped point y = z 1(||z - v|| <= tau) + v 1(||z - v|| > tau) has Var(y) <= Var(z)",
     "false_as_printed",
+    provenance="A.1's proof of Lemma 4 uses Var(y) <= Var(z) for the clipped point; clipping moves the points "
+               "outside the ball onto v, which can spread y more than z; the step needs only "
+               "Var(y) <= E||y - v||^2 <= E||z - v||^2, which holds (var-y-le-second-moment)",
 )
 def check_var_y_le_var_z(budget: Budget = "quick") -> CheckResult:
     outcome = _search(budget, _sample_thresholded, variance_claim_margin, distribution_candidates, seed=302, valid=valid_distribution)
@@ -348,6 +354,10 @@ def two_point_candidates(instance: Instance) -> Iterator[Instance]:
     "Theorem 3.2, proof in A.2",
     "the two-point construction has E||mu1_hat - mu1||^2 >= sigma^4 / (4 Delta^2) when Delta^2 >= 2 sigma^2",
     "false_as_printed",
+    provenance="an algebra slip in A.2: plugging p = 1/2 - Delta / (2S), S = sqrt(4 sigma^2 + Delta^2), into "
+               "sigma^2 p / (4 (1 - p)) (eq. 94) writes p / (1 - p) as (S - Delta) / Delta instead of "
+               "(S - Delta) / (S + Delta); the exact error is then (S - Delta)^2 / 16, and the constant that "
+               "holds for Delta^2 >= 2 sigma^2 is 1/8 (thm3.2-corrected)",
 )
 def check_thm32_constant(budget: Budget = "quick") -> CheckResult:
     outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=304, valid=valid_two_point)

@@ -30,6 +30,8 @@ class Statement:
             (the check must find a counterexample) or ``corrected`` (our fix of a false
             statement; must hold).
         check: runs the check within ``budget``.
+        provenance: for a false statement, the step of the paper's proof where it
+            goes wrong and what holds instead.
     """
 
     name: str
@@ -37,19 +39,23 @@ class Statement:
     claim: str
     kind: Kind
     check: Callable[[Budget], CheckResult]
+    provenance: str = ""
 
 
 STATEMENTS: dict[str, Statement] = {}
 
 
-def register(name: str, source: str, claim: str, kind: Kind) -> Callable[[Callable[[Budget], CheckResult]], Callable[[Budget], CheckResult]]:
+def register(name: str, source: str, claim: str, kind: Kind, provenance: str = ""
+             ) -> Callable[[Callable[[Budget], CheckResult]], Callable[[Budget], CheckResult]]:
     """Decorator: ``@register("lemma7", "Lemma 7, eq. (124)", "...", "exact")`` on a
     ``check(budget) -> CheckResult`` adds it to :data:`STATEMENTS`."""
+    if kind == "false_as_printed" and not provenance:
+        raise ValueError(f"statement {name!r} is false as printed: say where the proof goes wrong (provenance)")
 
     def add(check: Callable[[Budget], CheckResult]) -> Callable[[Budget], CheckResult]:
         if name in STATEMENTS:
             raise ValueError(f"statement {name!r} is registered twice")
-        STATEMENTS[name] = Statement(name, source, claim, kind, check)
+        STATEMENTS[name] = Statement(name, source, claim, kind, check, provenance)
         return check
 
     return add
