@@ -74,7 +74,14 @@ def _theory_report(args: argparse.Namespace) -> int:
     from theory_checks.report import write_report
 
     out = Path(args.out) if args.out else Path("results") / "theory"
-    summary = write_report(out, budget="quick" if args.quick else "full")
+    if args.seeds < 1:
+        print("error: --seeds must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        summary = write_report(out, budget="quick" if args.quick else "full", names=args.only, seeds=args.seeds)
+    except ValueError as error:  # an unknown --only name, named with the registered ones
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     width = max((len(name) for name in summary["statuses"]), default=0)
     for name, status in summary["statuses"].items():
         flag = "  <- contradicts its kind" if name in summary["contradictions"] else ""
@@ -275,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--quick", action="store_true", help="the quick budget (default: full)")
     report.add_argument("--out", help="output directory (default results/theory)")
+    report.add_argument("--only", nargs="+", metavar="NAME", default=None,
+                        help="run only these statements (names as in the report's table)")
+    report.add_argument("--seeds", type=int, default=1,
+                        help="run every check on the instances of seeds 0..N-1; the report adds each seed's status")
     report.set_defaults(handler=_theory_report)
     download = commands.add_parser(
         "download", help="fetch MNIST from the network (explicit only; checksum-verified, never in tests)"

@@ -78,14 +78,16 @@ MAIN_SET = ["exact-holds", "exact-fails", "false-found", "false-holds", "correct
 PROVENANCE = "an algebra slip in A.9"
 
 
-def fake_registry(names: list[str], budgets: list[str] | None = None) -> dict[str, Statement]:
-    """Statements that return the canned results (recording the budget they got)."""
+def fake_registry(names: list[str], budgets: list[str] | None = None,
+                  by_seed: dict[int, dict[str, CheckResult]] | None = None) -> dict[str, Statement]:
+    """Statements that return the canned results (recording the budget they got), or
+    at a seed of ``by_seed``, its results."""
 
     def checker(name: str):
-        def check(budget):
+        def check(budget, seed):
             if budgets is not None:
                 budgets.append(budget)
-            return RESULTS[name]
+            return (by_seed or {}).get(seed, RESULTS)[name]
 
         return check
 
@@ -295,3 +297,33 @@ def test_claimed_line_has_the_claimed_slope_and_meets_the_fit_at_the_geometric_m
     at_centre_fit = np.interp(np.log(centre), np.log(xs), np.log(fitted))
     at_centre_line = np.interp(np.log(centre), np.log(xs), np.log(line))
     assert at_centre_fit == pytest.approx(at_centre_line, abs=1e-9)
+
+
+def test_seeds_add_every_seeds_status_and_flag_disagreement(tmp_path, monkeypatch):
+    """Seed 0 writes the report; every seed's status is listed, and a statement whose
+    status differs between seeds is marked; a contradiction at any seed counts."""
+    flipped = {**RESULTS, "scaling": CheckResult("scaling", "inconclusive"),
+               "false-found": CheckResult("false-found", "holds")}
+    monkeypatch.setattr(registry, "STATEMENTS", fake_registry(["exact-holds", "scaling", "false-found"],
+                                                              by_seed={1: flipped}))
+    summary = write_report(tmp_path, budget="quick", seeds=2)
+    text = (tmp_path / "theory_report.md").read_text()
+    section = text.split("## Across seeds")[1].split("##")[0]
+    assert "| exact-holds | holds | holds | yes |" in section
+    assert "| scaling | holds with constant C = 2.5 | inconclusive | **no** |" in section
+    assert summary["seeds"] == {0: {"exact-holds": "holds", "scaling": "holds_with_constant", "false-found": "fails"},
+                                1: {"exact-holds": "holds", "scaling": "inconclusive", "false-found": "holds"}}
+    assert summary["contradictions"] == ["false-found"]  # not found false at seed 1
+    assert table_rows(text)["scaling"][3] == "holds with constant C = 2.5"  # the table is seed 0's
+
+
+def test_cli_only_and_seeds(tmp_path, monkeypatch, capsys):
+    budgets: list[str] = []
+    monkeypatch.setattr(registry, "STATEMENTS", fake_registry(["exact-holds", "scaling"], budgets))
+    assert cli.main(["theory", "report", "--quick", "--only", "scaling", "--seeds", "3", "--out", str(tmp_path)]) == 0
+    assert budgets == ["quick"] * 3
+    assert "| scaling | holds with constant C = 2.5 | holds with constant C = 2.5 | holds with constant C = 2.5 | yes |" \
+        in (tmp_path / "theory_report.md").read_text()
+    assert cli.main(["theory", "report", "--only", "nosuch", "--out", str(tmp_path)]) == 2
+    assert "unknown statements ['nosuch']; registered: ['exact-holds', 'scaling']" in capsys.readouterr().err
+    assert cli.main(["theory", "report", "--seeds", "0", "--out", str(tmp_path)]) == 2

@@ -131,9 +131,12 @@ def render_report(
     budget: Budget,
     seconds: float,
     figures: dict[str, str],
+    across_seeds: dict[int, dict[str, CheckResult]] | None = None,
 ) -> str:
-    """The Markdown report: the statement table, the scaling exponents, the
-    counterexamples, the checks' findings (``details["notes"]``) and the figures."""
+    """The Markdown report of seed 0's ``results``: the statement table, the scaling
+    exponents, the measured hypotheses, the counterexamples, the checks' findings
+    (``details["notes"]``) and the figures; with ``across_seeds`` (every seed's
+    results), each statement's status at every seed."""
     lines = [
         f"# Theory checks of Werner et al. (budget {budget}, {seconds:.1f} s)",
         "",
@@ -178,6 +181,16 @@ def render_report(
         lines += ["", "## Hypotheses", "", "Measured on the instances each check ran.", ""]
         lines += [f"- **{name}**: " + "; ".join(hypothesis.describe() for hypothesis in hypotheses)
                   for name, hypotheses in measured.items()]
+    if across_seeds and len(across_seeds) > 1:
+        seeds = sorted(across_seeds)
+        lines += ["", "## Across seeds", "", "The same checks on the instances of other seeds (the report above is "
+                  "seed 0's).", "",
+                  "| statement | " + " | ".join(f"seed {seed}" for seed in seeds) + " | agree |",
+                  "|---|" + "---|" * (len(seeds) + 1)]
+        for name in results:
+            statuses = [status_text(across_seeds[seed][name]) for seed in seeds]
+            agree = "yes" if len({across_seeds[seed][name].status for seed in seeds}) == 1 else "**no**"
+            lines.append("| " + " | ".join(cell(text) for text in (name, *statuses, agree)) + " |")
     lines += ["", "## Counterexamples", ""]
     failing = {name: result for name, result in results.items() if result.status == "fails"}
     if not failing:
@@ -237,26 +250,35 @@ def _non_finite(value: float) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
-def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None) -> dict[str, Any]:
-    """Run the checks and write the report, its JSON and the scaling figures into
-    ``out``.
+def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None,
+                 seeds: int = 1) -> dict[str, Any]:
+    """Run the checks (``names``, default all) on the instances of seeds ``0 ..
+    seeds - 1`` and write the report (seed 0's, with every seed's statuses), its JSON
+    and seed 0's scaling figures into ``out``.
 
     Returns ``{"budget", "seconds", "statuses": {name: status}, "kinds",
-    "contradictions": [names], "paths": {"report", "json", "figures": {name: path}}}``.
+    "contradictions": [names], "seeds": {seed: {name: status}}, "paths": {"report",
+    "json", "figures": {name: path}}}``; a statement contradicts its kind when it does
+    at any seed.
     """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
     out = Path(out)
     started = time.perf_counter()
-    results = registry.run_checks(budget, names)
+    across = {seed: registry.run_checks(budget, names, seed) for seed in range(seeds)}
+    results = across[0]
     seconds = time.perf_counter() - started
     statements = registry.STATEMENTS
     out.mkdir(parents=True, exist_ok=True)
     figures = {name: f"{name}.png" for name, result in results.items() if plot_scaling(result, out / f"{name}.png")}
-    atomic_write_text(out / REPORT_NAME, render_report(results, statements, budget, seconds, figures))
-    contradictions = [name for name, result in results.items() if contradicts_kind(statements[name].kind, result)]
+    atomic_write_text(out / REPORT_NAME, render_report(results, statements, budget, seconds, figures, across))
+    contradictions = [name for name in results
+                      if any(contradicts_kind(statements[name].kind, across[seed][name]) for seed in across)]
     payload = {
         "budget": budget,
         "seconds": seconds,
         "contradictions": contradictions,
+        "seeds": {str(seed): {name: result.status for name, result in found.items()} for seed, found in across.items()},
         "order": list(results),  # registry order (the file's keys are sorted)
         "statements": {
             name: {
@@ -278,6 +300,7 @@ def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = 
         "statuses": {name: result.status for name, result in results.items()},
         "kinds": {name: statements[name].kind for name in results},
         "contradictions": contradictions,
+        "seeds": {seed: {name: result.status for name, result in found.items()} for seed, found in across.items()},
         "paths": {
             "report": str(out / REPORT_NAME),
             "json": str(out / JSON_NAME),

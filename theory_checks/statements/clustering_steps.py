@@ -30,7 +30,7 @@ from torch import Tensor
 
 from defenses import threshold_clustering
 from theory_checks.statements import instances
-from theory_checks.statements.registry import Budget, register
+from theory_checks.statements.registry import Budget, register, statement_seed
 from theory_checks.statements.search import Instance, described, exact_verdict
 from theory_checks.types import CheckResult
 
@@ -220,9 +220,9 @@ def _replacement_sides(batch: Instance, method: str) -> tuple[np.ndarray, np.nda
     "one step of Threshold-Clustering moves a centre by at most (#inside / N) tau",
     "exact",
 )
-def check_one_step_move(budget: Budget = "quick") -> CheckResult:
+def check_one_step_move(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     with _one_thread():
-        return _bound_check("one-step-move", budget, 101, instances.point_clouds, _one_step_sides)
+        return _bound_check("one-step-move", budget, statement_seed(101, seed), instances.point_clouds, _one_step_sides)
 
 
 @register(
@@ -231,9 +231,9 @@ def check_one_step_move(budget: Budget = "quick") -> CheckResult:
     "replacing any beta N points moves one step's output (same centre, fixed radius) by at most 2 beta tau",
     "exact",
 )
-def check_replacement(budget: Budget = "quick") -> CheckResult:
+def check_replacement(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     with _one_thread():
-        return _bound_check("replacement", budget, 102, instances.replacement_pairs, _replacement_sides)
+        return _bound_check("replacement", budget, statement_seed(102, seed), instances.replacement_pairs, _replacement_sides)
 
 
 def _ball_check(budget: Budget, seed: int,
@@ -273,9 +273,9 @@ def _identity_verdict(name: str, steps: np.ndarray, fixed: np.ndarray, info: dic
     "if the ball holds exactly cluster i's points: v_l - mean_i = (1 - delta_i)(v_{l-1} - mean_i)",
     "exact",
 )
-def check_contraction(budget: Budget = "quick") -> CheckResult:
+def check_contraction(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     with _one_thread():
-        steps, fixed, info = _ball_check(budget, 103, lambda rng, cluster: 0)
+        steps, fixed, info = _ball_check(budget, statement_seed(103, seed), lambda rng, cluster: 0)
     return _identity_verdict("contraction", steps, fixed, info, "-(largest |identity residual| / tau)")
 
 
@@ -286,7 +286,7 @@ def check_contraction(budget: Budget = "quick") -> CheckResult:
     "+ beta tau u, fixed point mean_i + (beta / delta_i) tau u, reached at rate 1 - delta_i",
     "exact",
 )
-def check_edge_attacker(budget: Budget = "quick") -> CheckResult:
+def check_edge_attacker(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     with _one_thread():
-        steps, fixed, info = _ball_check(budget, 104, lambda rng, cluster: int(rng.integers(1, cluster + 1)))
+        steps, fixed, info = _ball_check(budget, statement_seed(104, seed), lambda rng, cluster: int(rng.integers(1, cluster + 1)))
     return _identity_verdict("edge-attacker", steps, fixed, info, "-(largest |identity residual| / tau)")

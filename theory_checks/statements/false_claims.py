@@ -44,7 +44,7 @@ from theory_checks.statements.lemmas import (
     other_cluster,
     separation_constant,
 )
-from theory_checks.statements.registry import Budget, register
+from theory_checks.statements.registry import Budget, register, statement_seed
 from theory_checks.statements.search import (
     TOLERANCE,
     Instance,
@@ -196,8 +196,8 @@ def _lemma1_counterexample(instance: Instance) -> dict:
                "then takes the max over j, where only the min holds for every pair (lemma1-pair checks the "
                "per-pair form)",
 )
-def check_lemma1_max(budget: Budget = "quick") -> CheckResult:
-    outcome = _search(budget, _sample_quadratics, max_form_margin, quadratic_candidates, seed=301, valid=valid_quadratics)
+def check_lemma1_max(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    outcome = _search(budget, _sample_quadratics, max_form_margin, quadratic_candidates, seed=statement_seed(301, seed), valid=valid_quadratics)
     if outcome.shrunk is None:
         return _not_found("lemma1-max", outcome)
     example = _lemma1_counterexample(outcome.shrunk)
@@ -282,8 +282,8 @@ def valid_distribution(instance: Instance) -> bool:
                "outside the ball onto v, which can spread y more than z; the step needs only "
                "Var(y) <= E||y - v||^2 <= E||z - v||^2, which holds (var-y-le-second-moment)",
 )
-def check_var_y_le_var_z(budget: Budget = "quick") -> CheckResult:
-    outcome = _search(budget, _sample_thresholded, variance_claim_margin, distribution_candidates, seed=302, valid=valid_distribution)
+def check_var_y_le_var_z(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    outcome = _search(budget, _sample_thresholded, variance_claim_margin, distribution_candidates, seed=statement_seed(302, seed), valid=valid_distribution)
     if outcome.shrunk is None:
         return _not_found("var-y-le-var-z", outcome)
     moments = {key: float(value[0]) for key, value in thresholded_moments(batched(outcome.shrunk)).items()}
@@ -301,9 +301,9 @@ def check_var_y_le_var_z(budget: Budget = "quick") -> CheckResult:
     "Var(y) <= E||y - v||^2 <= E||z - v||^2 for the clipped point y",
     "corrected",
 )
-def check_var_y_le_second_moment(budget: Budget = "quick") -> CheckResult:
+def check_var_y_le_second_moment(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     batches, size = _SEARCH[budget]
-    rng = np.random.default_rng(303)
+    rng = np.random.default_rng(statement_seed(303, seed))
     margins = np.concatenate([second_moment_margins(_sample_thresholded(rng, size)).ravel() for _ in range(batches)])
     return exact_verdict("var-y-le-second-moment", margins, what="gap / tau^2")
 
@@ -359,8 +359,8 @@ def two_point_candidates(instance: Instance) -> Iterator[Instance]:
                "(S - Delta) / (S + Delta); the exact error is then (S - Delta)^2 / 16, and the constant that "
                "holds for Delta^2 >= 2 sigma^2 is 1/8 (thm3.2-corrected)",
 )
-def check_thm32_constant(budget: Budget = "quick") -> CheckResult:
-    outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=304, valid=valid_two_point)
+def check_thm32_constant(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=statement_seed(304, seed), valid=valid_two_point)
     if outcome.shrunk is None:
         return _not_found("thm3.2-constant", outcome)
     error, bound = (float(side[0]) for side in two_point_sides(batched(outcome.shrunk)))
@@ -379,9 +379,9 @@ def check_thm32_constant(budget: Budget = "quick") -> CheckResult:
     "Delta^2 >= 2 sigma^2",
     "corrected",
 )
-def check_thm32_corrected(budget: Budget = "quick") -> CheckResult:
+def check_thm32_corrected(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     batches, size = _SEARCH[budget]
-    rng = np.random.default_rng(305)
+    rng = np.random.default_rng(statement_seed(305, seed))
     samples = [_sample_two_point(rng, size) for _ in range(batches)]
     boundary = {"sigma": np.array([1.0, 0.1, 3.0]), "separation": np.sqrt(2.0) * np.array([1.0, 0.1, 3.0])}
     margins = np.concatenate([two_point_margin(batch, 0.125) for batch in [*samples, boundary]])

@@ -28,7 +28,7 @@ import numpy as np
 
 from theory_checks.bounds import lemma1_constants, lemma1_separation
 from theory_checks.statements import instances
-from theory_checks.statements.registry import Budget, register
+from theory_checks.statements.registry import Budget, register, statement_seed
 from theory_checks.statements.search import Instance, described, exact_verdict
 from theory_checks.types import CheckResult
 
@@ -154,8 +154,8 @@ def _batches_verdict(name: str, batches: list[Instance], margins: list[np.ndarra
     "L-smooth, mu-strongly convex losses with one optimum per cluster satisfy Assumption 4 with A = 2L/mu",
     "exact",
 )
-def check_lemma1_a(budget: Budget = "quick") -> CheckResult:
-    batches = _quadratic_batches(budget, 201)
+def check_lemma1_a(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    batches = _quadratic_batches(budget, statement_seed(201, seed))
     margins = [assumption4_margin(batch) for batch in batches]
     # A_exact / (2L/mu) = 1 - margin: how loose eq. (18) is
     return _batches_verdict("lemma1-A", batches, margins, "(2L/mu - A_exact) / (2L/mu) over all x",
@@ -169,8 +169,8 @@ def check_lemma1_a(budget: Budget = "quick") -> CheckResult:
     "||grad f_i(x)||^2; hence Assumption 5 with Delta^2 = 1/2 min_j ||grad f_j(x_i*)||^2",
     "corrected",
 )
-def check_lemma1_pair(budget: Budget = "quick") -> CheckResult:
-    batches = _quadratic_batches(budget, 202)
+def check_lemma1_pair(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    batches = _quadratic_batches(budget, statement_seed(202, seed))
     return _batches_verdict("lemma1-pair", batches, [pair_worst_margin(batch) for batch in batches],
                             "min over x and pairs of (lhs - rhs) / ||grad f_j(x_i*)||^2")
 
@@ -221,8 +221,8 @@ def _equality_margin(exact: np.ndarray, formula: np.ndarray) -> np.ndarray:
     "points gives sigma^2/|B| (n - |B|)/(n - 1) instead",
     "exact",
 )
-def check_lemma7(budget: Budget = "quick") -> CheckResult:
-    rng = np.random.default_rng(203)
+def check_lemma7(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    rng = np.random.default_rng(statement_seed(203, seed))
     cases = [(2, 1, 3), (3, 2, 2), (4, 3, 1), (5, 2, 3), (6, 3, 2), (4, 4, 2)]
     size = _INSTANCES[budget] // (2 * len(cases))
     margins, largest = [], 0.0
@@ -286,7 +286,7 @@ MC_STANDARD_ERRORS = 4.0
     "exactly alpha sigma^2 (1 - (1 - alpha)^{2t}) / (2 - alpha) -> alpha sigma^2 / (2 - alpha)",
     "exact",
 )
-def check_lemma14(budget: Budget = "quick") -> CheckResult:
+def check_lemma14(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     alphas = np.concatenate([np.linspace(0.01, 1.0, 100), [1e-4, 0.5]])
     steps = 200
     recursion = momentum_variances(alphas, 1.0, steps)
@@ -302,7 +302,7 @@ def check_lemma14(budget: Budget = "quick") -> CheckResult:
     mc_alphas = (0.05, 0.3, 0.9)
     z_scores = []
     for index, alpha in enumerate(mc_alphas):
-        empirical, error = momentum_monte_carlo(alpha, 2.0, 60, chains, 3, seed=204 + index)
+        empirical, error = momentum_monte_carlo(alpha, 2.0, 60, chains, 3, seed=statement_seed(204 + index, seed))
         exact = float(momentum_variance_closed_form(alpha, 2.0, 60)[-1])
         z_scores.append((empirical - exact) / error)
     z = np.asarray(z_scores)
@@ -383,8 +383,8 @@ def logistic_descent_margin(instance: Instance) -> np.ndarray:
     "f(x - eta grad f(x)) <= f(x) - (eta/2) ||grad f(x)||^2 for eta <= 1/L on L-smooth f",
     "exact",
 )
-def check_descent(budget: Budget = "quick") -> CheckResult:
-    rng = np.random.default_rng(205)
+def check_descent(budget: Budget = "quick", seed: int = 0) -> CheckResult:
+    rng = np.random.default_rng(statement_seed(205, seed))
     size = _INSTANCES[budget] // 4
     quadratics = [instances.convex_quadratics(rng, size, dim) for dim in (1, 3)]
     logistic = [instances.logistic_problems(rng, size, samples, dim) for samples, dim in ((5, 2), (12, 4))]

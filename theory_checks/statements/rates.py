@@ -86,13 +86,13 @@ THM31_BETA_NOTE = ("beta: the edge attacker's exact fixed point mean + (beta/del
     THM31_CLAIM + ", reading the proof's E||v_0 - E z_i||^2 <= sigma^2 over a random start (FC's Alg. 2 line 6)",
     "up_to_constant",
 )
-def check_thm31(budget: Budget) -> CheckResult:
+def check_thm31(budget: Budget, seed: int = 0) -> CheckResult:
     """Sweeps of ``n_i``, ``beta_i`` and ``Delta`` from a uniformly random member of
     the cluster; on two-point clusters the expected error over that start stays near
     ``sigma^2`` while eq. (14) tends to 0: the family of
     :func:`theory_checks.scaling_clustering.two_point_random_start` shows the ratio
     growing without limit."""
-    study = clustering_study(budget, reading="expectation")
+    study = clustering_study(budget, seed=seed, reading="expectation")
     family = study.findings["two_point_random_start"]
     ratios = [instance["ratio_to_rhs"] for instance in family]
     growing = len(ratios) >= 2 and all(later >= DIVERGENCE_FACTOR * earlier for earlier, later in zip(ratios, ratios[1:]))
@@ -118,10 +118,10 @@ def check_thm31(budget: Budget) -> CheckResult:
     THM31_CLAIM + ", reading the start as a fixed point within sigma of E z_i",
     "up_to_constant",
 )
-def check_thm31_deterministic(budget: Budget) -> CheckResult:
+def check_thm31_deterministic(budget: Budget, seed: int = 0) -> CheckResult:
     """The same sweeps from ``E z_0 + sigma u`` (the two-point clusters from their
     bulk, ``sigma^2 / h`` from the mean)."""
-    study = clustering_study(budget, reading="deterministic")
+    study = clustering_study(budget, seed=seed, reading="deterministic")
     family = study.findings["two_point_random_start"]
     ratios = [instance["error_from_bulk"] / instance["rhs"] for instance in family]
     note = (f"{THM31_BETA_NOTE}; two-point clusters from the bulk: error / rhs = "
@@ -136,9 +136,9 @@ def check_thm31_deterministic(budget: Budget) -> CheckResult:
     "<~ sqrt(max(1, A^2) (sigma^2/n_i + sigma^3/Delta + beta_i sigma Delta) / T)",
     "up_to_constant",
 )
-def check_thm33(budget: Budget) -> CheckResult:
+def check_thm33(budget: Budget, seed: int = 0) -> CheckResult:
     """FC on the synthetic linear regression against ``T`` (claimed ``T^{-1/2}``)."""
-    study = fc_rate_study(budget)
+    study = fc_rate_study(budget, seed=seed)
     floor = study.findings["independent_data_floor"]
     note = (f"eq. (23) hides F_0 and L in its constant; with each client's own noisy data A = inf and the "
             f"left side floors at {floor['floor']:.3g}")
@@ -152,10 +152,10 @@ def check_thm33(budget: Budget) -> CheckResult:
     "+ beta_i sigma Delta / (T^{1/4} (sigma^2/n_i + sigma^3/Delta)^{1/4})",
     "up_to_constant",
 )
-def check_thm34(budget: Budget) -> CheckResult:
+def check_thm34(budget: Budget, seed: int = 0) -> CheckResult:
     """MC on the synthetic linear regression against ``T``, clean (claimed
     ``T^{-1/2}``) and under the ball-edge attack (claimed ``T^{-1/4}``)."""
-    study = mc_rate_study(budget)
+    study = mc_rate_study(budget, seed=seed)
     radius = study.findings["theory_radius"]
     largest = list(radius)[-1]
     runs = study.settings["repeats"] * len(study.settings["horizons"])

@@ -1,9 +1,10 @@
 """The registry of Werner et al.'s statements and how a check is run.
 
 A :class:`Statement` names the claim, where the paper makes it, what kind of claim it
-is, and a checker ``check(budget) -> CheckResult``.  ``budget`` says how hard to look
-(``"quick"``: the report's ``--quick`` mode, under 5 minutes for all statements
-together; ``"full"``: under 30).
+is, and a checker ``check(budget, seed) -> CheckResult``.  ``budget`` says how hard to
+look (``"quick"``: the report's ``--quick`` mode, under 5 minutes for all statements
+together; ``"full"``: under 30); ``seed`` picks the random instances (seed 0 is the
+report's default; :func:`statement_seed` derives a check's own streams from it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from theory_checks.types import CheckResult
 
 Kind = Literal["exact", "up_to_constant", "false_as_printed", "corrected"]
 Budget = Literal["quick", "full"]
+Check = Callable[[Budget, int], CheckResult]
+#: Seeds of one check's streams at seed s: ``base + SEED_STRIDE * s``.
+SEED_STRIDE = 1000
+
+
+def statement_seed(base: int, seed: int) -> int:
+    """The seed of a check's stream ``base`` (its own constant, below
+    :data:`SEED_STRIDE`) at the run's ``seed``: seed 0 gives ``base`` itself."""
+    return base + SEED_STRIDE * seed
 
 
 @dataclass(frozen=True)
@@ -29,7 +39,7 @@ class Statement:
             a hidden constant: fit it and the scaling exponents), ``false_as_printed``
             (the check must find a counterexample) or ``corrected`` (our fix of a false
             statement; must hold).
-        check: runs the check within ``budget``.
+        check: runs the check within ``budget`` on the instances of ``seed``.
         provenance: for a false statement, the step of the paper's proof where it
             goes wrong and what holds instead.
     """
@@ -38,21 +48,20 @@ class Statement:
     source: str
     claim: str
     kind: Kind
-    check: Callable[[Budget], CheckResult]
+    check: Check
     provenance: str = ""
 
 
 STATEMENTS: dict[str, Statement] = {}
 
 
-def register(name: str, source: str, claim: str, kind: Kind, provenance: str = ""
-             ) -> Callable[[Callable[[Budget], CheckResult]], Callable[[Budget], CheckResult]]:
+def register(name: str, source: str, claim: str, kind: Kind, provenance: str = "") -> Callable[[Check], Check]:
     """Decorator: ``@register("lemma7", "Lemma 7, eq. (124)", "...", "exact")`` on a
-    ``check(budget) -> CheckResult`` adds it to :data:`STATEMENTS`."""
+    ``check(budget, seed) -> CheckResult`` adds it to :data:`STATEMENTS`."""
     if kind == "false_as_printed" and not provenance:
         raise ValueError(f"statement {name!r} is false as printed: say where the proof goes wrong (provenance)")
 
-    def add(check: Callable[[Budget], CheckResult]) -> Callable[[Budget], CheckResult]:
+    def add(check: Check) -> Check:
         if name in STATEMENTS:
             raise ValueError(f"statement {name!r} is registered twice")
         STATEMENTS[name] = Statement(name, source, claim, kind, check, provenance)
@@ -61,10 +70,11 @@ def register(name: str, source: str, claim: str, kind: Kind, provenance: str = "
     return add
 
 
-def run_checks(budget: Budget = "quick", names: list[str] | None = None) -> dict[str, CheckResult]:
-    """Run the named checks (all registered ones by default), in registry order."""
+def run_checks(budget: Budget = "quick", names: list[str] | None = None, seed: int = 0) -> dict[str, CheckResult]:
+    """Run the named checks (all registered ones by default), in registry order, on
+    the instances of ``seed``."""
     chosen = list(STATEMENTS) if names is None else names
     unknown = [name for name in chosen if name not in STATEMENTS]
     if unknown:
         raise ValueError(f"unknown statements {unknown}; registered: {sorted(STATEMENTS)}")
-    return {name: STATEMENTS[name].check(budget) for name in chosen}
+    return {name: STATEMENTS[name].check(budget, seed) for name in chosen}
