@@ -41,7 +41,9 @@ class Algorithm:
 
     Subclasses set ``name``, ``summary``, ``Params`` and implement :meth:`step` and
     :meth:`client_models`.  ``forms_clusters`` marks algorithms whose records carry a
-    cluster assignment.
+    cluster assignment; ``sends_momenta`` those whose clients send momenta, which
+    their records carry (``RoundRecord.momenta``, what the ``[theory]`` table's
+    ``momentum`` estimate reads).
     """
 
     name: ClassVar[str]
@@ -49,6 +51,7 @@ class Algorithm:
     reference: ClassVar[str] = ""
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
     forms_clusters: ClassVar[bool] = False
+    sends_momenta: ClassVar[bool] = False
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
         if not isinstance(params, self.Params):

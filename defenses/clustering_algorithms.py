@@ -433,6 +433,7 @@ class MomentumClustering(_ServerClustering):
     reference = "Werner et al. 2023, Alg. 4"
     Params = MomentumClusteringParams
     message_kind = "momentum"
+    sends_momenta = True
 
     def __init__(self, federation: Federation, params: MomentumClusteringParams) -> None:
         super().__init__(federation, params)

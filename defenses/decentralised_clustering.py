@@ -226,6 +226,7 @@ class PersonalizedDecentralizedTC(Algorithm):
     summary = "PDL-TC: decentralised, each client clusters its neighbours' momenta around its own (workshop Alg. 3)"
     reference = "Werner et al., threshold-clustering workshop paper, Alg. 3"
     Params = PDLTCParams
+    sends_momenta = True
 
     def __init__(self, federation: Federation, params: PDLTCParams) -> None:
         super().__init__(federation, params)

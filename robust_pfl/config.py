@@ -168,7 +168,20 @@ class TheoryConfig(_Strict):
 
     estimate: list[Literal[THEORY_ESTIMATES]] = Field(min_length=1)
     every: int = Field(10, ge=1, description="rounds between estimates (and round 0, and the last)")
-    power_iterations: int = Field(100, ge=1, description="Hessian power-iteration steps for L and mu")
+    clients: int | None = Field(
+        8,
+        ge=1,
+        description="honest clients drawn afresh for each measurement (seeded by the run's seed and the round): "
+        "their models are the points of A and Delta, their data give sigma, L and mu; None: every honest client",
+    )
+    lanczos_steps: int = Field(12, ge=1, description="Lanczos steps on Hessian-vector products for L and mu")
+    budget: float = Field(
+        0.03,
+        gt=0,
+        description="largest share of the run's per-sample gradient evaluations the estimates may add, counted, "
+        "not timed, so every machine records the same rounds: due measurements past it are skipped (round 0 "
+        "and the last are always measured); inf: measure every `every` rounds",
+    )
     memory_budget_mb: int | None = Field(
         None,
         ge=1,

@@ -96,6 +96,13 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
                 f"(task.name = 'image'), not {config.task.name!r}",
             )
     _check_client_count(config, fail)
+    if config.theory is not None and "momentum" in config.theory.estimate:
+        silent = [f"methods[{i}] = {m.name!r}" for i, m in enumerate(config.methods)
+                  if not defenses.REGISTRY[m.name].sends_momenta]
+        if silent:
+            senders = sorted(name for name, cls in defenses.REGISTRY.items() if cls.sends_momenta)
+            raise fail("theory.estimate", f"'momentum' reads the momenta a method's clients send, and "
+                       f"{', '.join(silent)} sends none (methods that do: {senders})")
     labels = [m.display for m in config.methods]
     if len(set(labels)) != len(labels):
         raise fail("methods", f"labels must be unique, got {labels} (set 'label')")
@@ -186,6 +193,12 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     return out
 
 
+def measured(table: ResultTable) -> int:
+    """How many ``[theory]`` measurements ``table`` holds (rounds with estimates): a
+    resumed run counts them from its rows."""
+    return len({row["round"] for row in table.rows if str(row["metric"]).startswith("theory_")})
+
+
 def run_method(
     method: MethodConfig,
     config: ExperimentConfig,
@@ -218,8 +231,9 @@ def run_method(
         algorithm.snapshot_records = False  # each record is read within its round only
         table.add(method.display, seed, 0, honest_means(parts.evaluation, algorithm))
         if parts.tracker is not None:
-            table.add(method.display, seed, 0, parts.tracker.measure(algorithm.client_models()))
+            table.add(method.display, seed, 0, parts.tracker.measure(algorithm.client_models(), round_index=0))
     federation, tracker = algorithm.federation, parts.tracker
+    measurements = measured(table)
     for round_index in range(done, config.rounds):
         if parts.redealer is not None:
             parts.redealer.before_round(federation, round_index)
@@ -229,8 +243,10 @@ def run_method(
         done = round_index + 1
         if done % config.eval_every == 0 or done == config.rounds:
             table.add(method.display, seed, done, honest_means(parts.evaluation, algorithm, record))
-        if tracker is not None and tracker.due(done, config.rounds):
-            table.add(method.display, seed, done, tracker.measure(algorithm.client_models(), record, federation.train))
+        if tracker is not None and tracker.due(done, config.rounds, federation.sample_gradients, measurements):
+            table.add(method.display, seed, done,
+                      tracker.measure(algorithm.client_models(), record, federation.train, round_index=done))
+            measurements += 1
         if every is not None and (done % every == 0 or done == config.rounds):
             state = {"algorithm": algorithm, "rows": table.rows, "random": global_random_state()}
             save_checkpoint(Path(checkpoint), done, key, state, parts.shared(federation))
@@ -268,7 +284,8 @@ class RunParts:
         task = task or build_task(config, seed)
         federation = build_federation(task, config, seed)
         evaluation = task.to(federation.device)
-        return cls(task, federation, evaluation, theory_tracker(config, evaluation), EpochRedealer.of(config, task, seed))
+        return cls(task, federation, evaluation, theory_tracker(config, evaluation, seed),
+                   EpochRedealer.of(config, task, seed))
 
     def shared(self, federation: Federation) -> dict[str, Any]:
         """The objects a checkpoint names, with ``federation``'s current train data."""
@@ -293,7 +310,7 @@ def load_run(method: MethodConfig, config: ExperimentConfig, seed: int, checkpoi
     return RunParts.build(config, seed).restore(Path(checkpoint), fingerprint(config, method, seed))
 
 
-def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None:
+def theory_tracker(config: ExperimentConfig, task: Task, seed: int) -> TheoryTracker | None:
     """The ``[theory]`` table's tracker for ``task`` (``None`` without the table)."""
     if config.theory is None:
         return None
@@ -305,7 +322,10 @@ def theory_tracker(config: ExperimentConfig, task: Task) -> TheoryTracker | None
         theory.estimate,
         every=theory.every,
         batch_size=config.batch_size,
-        power_iterations=theory.power_iterations,
+        clients=theory.clients,
+        lanczos_steps=theory.lanczos_steps,
+        budget=theory.budget,
+        seed=seed,
         memory_budget_mb=theory.memory_budget_mb or memory_budget_mb(resolve_device(config.device), CPU_BUDGET_MB),
     )
 

@@ -50,6 +50,10 @@ class Federation:
             targets once, here; they then send honest gradients of poisoned data.
         device: where tensors live.
         num_classes: classes of a classification task (needed by data attacks).
+        sample_gradients: how many per-sample gradient (or loss) evaluations the
+            federation's clients have made so far: a model on one sample counts 1.  A
+            measure of a run's work that is the same on every machine (the ``[theory]``
+            budget reads it).
     """
 
     objective: Objective
@@ -61,6 +65,7 @@ class Federation:
     attack: Attack | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     num_classes: int | None = None
+    sample_gradients: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         n = self.train.inputs.shape[0]
@@ -188,8 +193,11 @@ class Federation:
         rows, only the honest rows are computed and the Byzantine rows of ``out`` are
         left as they are."""
         span = None if not skip_unread or out is None or self.byzantine_rows_read else _block_span(self.byzantine)
+        samples = batch.inputs.shape[1]
         if span is None:
+            self.sample_gradients += params.shape[0] * samples
             return self.objective.paired_gradients(params, batch, out=out, blend=blend)
+        self.sample_gradients += (params.shape[0] - (span[1] - span[0])) * samples
         for start, stop in ((0, span[0]), (span[1], self.clients)):
             if stop > start:
                 part = Batch(batch.inputs[start:stop], batch.targets[start:stop])
@@ -198,10 +206,12 @@ class Federation:
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         """Honest ``g_j(x_m)`` for model rows ``params[M, d]``: ``[M, N, d]``."""
+        self.sample_gradients += params.shape[0] * batch.inputs.shape[0] * batch.inputs.shape[1]
         return self.objective.cross_gradients(params, batch, out=out)
 
     def cross_losses(self, params: Tensor, batch: Batch) -> Tensor:
         """Honest ``f_j(x_m)`` for model rows ``params[M, d]``: ``[M, N]``."""
+        self.sample_gradients += params.shape[0] * batch.inputs.shape[0] * batch.inputs.shape[1]
         return self.objective.cross_losses(params, batch)
 
     def chunks(self, rows: Tensor, bytes_per_row: int, budget_bytes: int) -> Iterator[Tensor]:

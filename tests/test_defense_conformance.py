@@ -393,3 +393,11 @@ def test_overflowing_byzantine_rows_never_become_centres(name, init):
             )
         # and the honest models stay at the scale of the task, far from 1e38 * lr
         assert float(algo.client_models()[~fed.byzantine].abs().max()) < 1e6
+
+
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_sends_momenta_is_declared_exactly_when_records_carry_momenta(name):
+    """The ``[theory]`` table refuses ``momentum`` at load for an algorithm that does not
+    declare ``sends_momenta``: the declaration must match the records."""
+    _, _, records = run(name, rounds=2)
+    assert all((record.momenta is not None) == REGISTRY[name].sends_momenta for record in records), name

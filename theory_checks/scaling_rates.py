@@ -69,6 +69,7 @@ import defenses
 from robust_pfl.data import ClientData
 from robust_pfl.federation import Federation
 from theory_checks import bounds
+from theory_checks.estimators import gradient_noise
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
 from theory_checks.types import Hypothesis
 from theory_checks.scaling_rate_problem import (
@@ -113,7 +114,7 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
         cross = federation.objective.cross_gradients(models, data)  # [H models, H clients, d]
         own = torch.diagonal(cross, dim1=0, dim2=1).T  # grad f_i(x_i), [H, d]
         total += own.square().sum(-1).mean()
-        noise = max(noise, _sample_spread(federation, models, data))
+        noise = max(noise, gradient_noise(federation.objective, models, data).value)
         distances = (own.unsqueeze(1) - cross).norm(dim=-1)  # [i, j]: at x_i
         separation = min(separation, float(distances[other].min()))
         algorithm.step(round_index)
@@ -121,16 +122,6 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
             momenta.append(algorithm.momenta[honest].numpy().copy())
     path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta))
     return float(total) / horizon, path
-
-
-def _sample_spread(federation: Federation, models: torch.Tensor, data: ClientData) -> float:
-    """``max_i mean_s ||g_s(x_i) - grad f_i(x_i)||^2``: every sample a one-sample client."""
-    clients, samples = data.inputs.shape[:2]
-    single = ClientData(data.inputs.reshape(clients * samples, 1, *data.inputs.shape[2:]),
-                        data.targets.reshape(clients * samples, 1, *data.targets.shape[2:]))
-    per_sample = federation.objective.paired_gradients(models.repeat_interleave(samples, 0), single)
-    per_sample = per_sample.reshape(clients, samples, -1)
-    return float((per_sample - per_sample.mean(1, keepdim=True)).square().sum(-1).mean(-1).max())
 
 
 def fc_options(problem: RateProblem, eta: float) -> dict[str, Any]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import torch
 from torch import Tensor
-from torch.func import grad, vmap
 
 from robust_pfl.data import Batch
 from robust_pfl.objectives import Objective
@@ -21,13 +19,17 @@ _SAMPLE_BLOCK = 1 << 22
 
 def per_sample_gradients(objective: Objective) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
     """``(params[k, d], inputs[k, s, ...], targets[k, s, ...]) -> [k, s, d]``: the
-    gradient of ``objective.loss`` on each one-sample batch (torch.func, vmapped over
-    clients and samples)."""
+    gradient of ``objective.loss`` on each one-sample batch, as the objective's own
+    batched gradients of ``k s`` one-sample clients (every model repeated per sample;
+    the dense networks' hand-written backward pass instead of a vmapped autograd)."""
 
-    def one_sample(params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
-        return grad(objective.loss)(params, inputs.unsqueeze(0), targets.unsqueeze(0))
+    def gradients(params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
+        clients, samples = inputs.shape[:2]
+        single = Batch(inputs.reshape(clients * samples, 1, *inputs.shape[2:]),
+                       targets.reshape(clients * samples, 1, *targets.shape[2:]))
+        return objective.paired_gradients(params.repeat_interleave(samples, 0), single).reshape(clients, samples, -1)
 
-    return vmap(vmap(one_sample, in_dims=(None, 0, 0)))
+    return gradients
 
 
 def gradient_noise(objective: Objective, params: Tensor, data: Batch, include: Tensor | None = None,
