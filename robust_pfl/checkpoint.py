@@ -60,7 +60,7 @@ def fingerprint(config: ExperimentConfig, method: MethodConfig, seed: int) -> st
     :data:`FORMAT_VERSION`."""
     payload = {
         "format": FORMAT_VERSION,
-        "config": config.identity(mode="json", exclude=_NOT_FINGERPRINTED),
+        "config": config.model_dump(mode="json", exclude=_NOT_FINGERPRINTED),
         "method": method.model_dump(mode="json"),
         "seed": seed,
     }

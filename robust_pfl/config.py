@@ -216,17 +216,6 @@ class ExperimentConfig(_Strict):
         None, ge=1, description="rounds between checkpoints of a run's full state (None: no checkpoints)"
     )
 
-    def identity(self, **dump: Any) -> dict[str, Any]:
-        """``model_dump(**dump)`` as a run's identity (a grid cell's key, a checkpoint's
-        fingerprint).  An unset ``theory.memory_budget_mb`` reads as 256 MB, its fixed
-        default before defaults came from the device: the budget never changes results,
-        and runs stored or checkpointed before keep their keys."""
-        data = self.model_dump(**dump)
-        theory = data.get("theory")
-        if isinstance(theory, dict) and theory.get("memory_budget_mb") is None:
-            theory["memory_budget_mb"] = 256
-        return data
-
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, value: list[int]) -> list[int]:

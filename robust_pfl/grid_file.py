@@ -166,7 +166,7 @@ def cell_key(config: ExperimentConfig) -> str:
     """The first 16 hex digits of the SHA-256 of the resolved config's sorted JSON:
     the same run gives the same key however its file wrote it (defaults explicit or
     not).  Non-finite numbers stay distinct (``NaN``, not ``null``)."""
-    text = json.dumps(config.identity(), sort_keys=True)
+    text = json.dumps(config.model_dump(), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -235,18 +235,3 @@ def test_ray_reserves_a_gpu_per_cell_on_cuda_unless_the_file_says_otherwise():
     assert none.cell_resources().gpus == 0.0
 
 
-
-def test_theory_budget_left_unset_keeps_the_key_of_the_former_256_mb_default():
-    """The budget changes no result: a config that leaves it to the device is the run
-    that an older version keyed with its fixed 256 MB, and its checkpoint resumes."""
-    from robust_pfl.checkpoint import fingerprint
-    from robust_pfl.grid_file import cell_key
-
-    def with_theory(**theory):
-        return parse_config({**config_data("cpu"), "theory": {"estimate": ["A"], **theory}})
-
-    unset, old_default, other = with_theory(), with_theory(memory_budget_mb=256), with_theory(memory_budget_mb=512)
-    assert unset.theory.memory_budget_mb is None
-    assert cell_key(unset) == cell_key(old_default) != cell_key(other)
-    method = unset.methods[0]
-    assert fingerprint(unset, method, 0) == fingerprint(old_default, method, 0) != fingerprint(other, method, 0)
