@@ -4,7 +4,6 @@ Momentum-Clustering (Alg. 4) and Myopic-Clustering (Alg. 1), all built on
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable, Literal
 
@@ -143,20 +142,17 @@ class FederatedClustering(Algorithm):
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint leaves out the round's scratch (the cross-gradient workspace, up
         to ``memory_budget_mb``, and the ``[N, d]`` own-gradient and update buffers):
-        each is overwritten before it is read; the budget is sized afresh on resume."""
-        state = {**self.__dict__, "_buffer": None, "_own": None, "_updates": None}
-        state.pop("budget_mb", None)
-        return state
+        each is overwritten before it is read."""
+        return {**self.__dict__, "_buffer": None, "_own": None, "_updates": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
 
-    @functools.cached_property
+    @property
     def budget_mb(self) -> int:
-        """``memory_budget_mb``, or the device's default, fixed at the first step (of
-        this process: a checkpoint leaves it out)."""
+        """``memory_budget_mb``, or the device's default."""
         return self.params.memory_budget_mb or memory_budget_mb(self.federation.device, FC_CPU_BUDGET_MB)
 
     def _cluster(self, messages: Tensor, starts: Tensor) -> ClusteringResult:

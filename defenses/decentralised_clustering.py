@@ -20,7 +20,6 @@ Alg. 3 / eq. 24 of the journal version).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -243,15 +242,12 @@ class PersonalizedDecentralizedTC(Algorithm):
         self._received: Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        """A checkpoint leaves out the round's scratch (overwritten before it is read)
-        and the budget (sized afresh on resume)."""
-        state = {**self.__dict__, "_own": None, "_updates": None, "_received": None}
-        state.pop("budget_mb", None)
-        return state
+        """A checkpoint leaves out the round's scratch (overwritten before it is read)."""
+        return {**self.__dict__, "_own": None, "_updates": None, "_received": None}
 
-    @functools.cached_property
+    @property
     def budget_mb(self) -> int:
-        """``memory_budget_mb``, or the device's default, fixed at the first step."""
+        """``memory_budget_mb``, or the device's default."""
         return self.params.memory_budget_mb or memory_budget_mb(self.federation.device, PDL_TC_CPU_BUDGET_MB)
 
     def _workspace(self, rows: int) -> Tensor:

@@ -19,7 +19,6 @@ followed by ``finetune_steps`` local gradient steps on all of client i's data.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Literal
 
 import torch
@@ -179,15 +178,12 @@ class FedSPD(Algorithm):
         self._personalised: tuple[int, Tensor] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # the personalised models are recomputed from the state on demand; the spare is
-        # scratch; the budget is sized afresh on resume
-        state = {**self.__dict__, "_personalised": None, "_spare": None}
-        state.pop("budget_mb", None)
-        return state
+        # the personalised models are recomputed from the state on demand; the spare is scratch
+        return {**self.__dict__, "_personalised": None, "_spare": None}
 
-    @functools.cached_property
+    @property
     def budget_mb(self) -> float:
-        """``budget_mb``, or the device's default, fixed at the first step."""
+        """``budget_mb``, or the device's default."""
         return self.params.budget_mb or memory_budget_mb(self.federation.device, FEDSPD_CPU_BUDGET_MB)
 
     # -- facts ---------------------------------------------------------------------------

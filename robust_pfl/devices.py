@@ -19,6 +19,7 @@ budgets and picks the engine a device runs.
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import contextmanager
 from typing import Iterator, Literal
@@ -83,15 +84,23 @@ def resolve_device(spec: str) -> torch.device:
 
 def memory_budget_mb(device: DeviceLike, cpu_default: int) -> int:
     """Default working-set bound in MiB on ``device``: ``cpu_default`` on the CPU (and
-    MPS, whose memory is the host's); on CUDA, :data:`CUDA_BUDGET_SHARE` of the
-    device's memory that is free now (to the driver, or held by torch's allocator but
-    unused), at least ``cpu_default``."""
+    MPS, whose memory is the host's); on CUDA, :data:`CUDA_BUDGET_SHARE` of the card's
+    available memory as this process first saw it (:func:`available_cuda_bytes`), at
+    least ``cpu_default``.  Cheap to call every round; nothing to checkpoint."""
     device = torch.device(device)
     if device.type != "cuda":
         return cpu_default
-    free, _ = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return max(cpu_default, int((free + cached) * CUDA_BUDGET_SHARE) >> 20)
+    return max(cpu_default, int(available_cuda_bytes(_index(device)) * CUDA_BUDGET_SHARE) >> 20)
+
+
+@functools.lru_cache(maxsize=None)
+def available_cuda_bytes(index: int) -> int:
+    """Memory of CUDA card ``index`` free to the driver or held unused by torch's
+    allocator, read once per process: a run's chunking then stays the same from round
+    to round (its own workspaces would shrink a later reading), and a resumed run sizes
+    it afresh on the machine it resumes on."""
+    free, _ = torch.cuda.mem_get_info(index)
+    return free + torch.cuda.memory_reserved(index) - torch.cuda.memory_allocated(index)
 
 
 #: Device types that run the batched engine (the CPU, and shape-only "meta" tensors,

@@ -81,6 +81,16 @@ def test_absent_devices_are_refused_naming_what_exists(monkeypatch):
         resolve_device("cuda:2")
 
 
+@pytest.fixture
+def fresh_cuda_reading():
+    """The per-process reading of a card's memory, emptied before and after (the
+    faked readings must not reach other tests)."""
+    devices.available_cuda_bytes.cache_clear()
+    yield
+    devices.available_cuda_bytes.cache_clear()
+
+
+@pytest.mark.usefixtures("fresh_cuda_reading")
 def test_cpu_budget_is_the_engine_default_and_cuda_a_share_of_free_memory(monkeypatch):
     assert memory_budget_mb("cpu", 1024) == 1024
     assert memory_budget_mb(torch.device("cpu"), 256) == 256
@@ -90,6 +100,7 @@ def test_cpu_budget_is_the_engine_default_and_cuda_a_share_of_free_memory(monkey
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 2 << 30)
     # a quarter of what is free to the driver (80 GiB) and cached unused by torch (4 GiB)
     assert memory_budget_mb("cuda:0", 1024) == int((84 << 30) * devices.CUDA_BUDGET_SHARE) >> 20 == 21504
+    devices.available_cuda_bytes.cache_clear()
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 141 << 30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2 << 30)  # nothing cached unused
     assert memory_budget_mb("cuda:0", 1024) == 1024  # never below the CPU's value
