@@ -126,7 +126,7 @@ def _recipe_resources(args: argparse.Namespace):
         device = resolve_device(args.device)
     except ValueError as error:
         raise ConfigError(f"--device: {error}") from None
-    return Resources(gpus=1.0) if device.type == "cuda" else None
+    return Resources().on_cuda(device.type == "cuda")
 
 
 @contextmanager

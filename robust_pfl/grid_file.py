@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence, get_origin
 
+import torch
 from pydantic import BaseModel
 
 from robust_pfl.config import ConfigError, ExperimentConfig, _models_in, parse_config
@@ -52,6 +53,14 @@ class Resources:
     @property
     def threads(self) -> int:
         return max(1, int(self.cpus))
+
+    def on_cuda(self, uses_cuda: bool) -> Resources:
+        """What Ray reserves per cell: these resources; where they do not say ``gpus``,
+        one GPU for cells on CUDA, else none (``gpus = 0.25`` shares a card between
+        four cells, ``gpus = 0`` reserves none)."""
+        if self.gpus is not None:
+            return self
+        return Resources(self.cpus, 1.0 if uses_cuda else 0.0)
 
 
 @dataclass(frozen=True)
@@ -81,15 +90,11 @@ class Grid:
     @property
     def uses_cuda(self) -> bool:
         """Whether some cell runs on a CUDA device."""
-        return any(str(cell.config.get("device", "cpu")).startswith("cuda") for cell in self.cells)
+        return any(torch.device(cell.config.get("device", "cpu")).type == "cuda" for cell in self.cells)
 
     def cell_resources(self) -> Resources:
-        """What Ray reserves per cell: the file's ``[resources]``; where it does not say
-        ``gpus``, one GPU when a cell runs on CUDA, else none (``gpus = 0.25`` shares a
-        card between four cells, ``gpus = 0`` reserves none)."""
-        if self.resources.gpus is not None:
-            return self.resources
-        return Resources(self.resources.cpus, 1.0 if self.uses_cuda else 0.0)
+        """What Ray reserves per cell (:meth:`Resources.on_cuda`)."""
+        return self.resources.on_cuda(self.uses_cuda)
 
 
 @dataclass(frozen=True)
