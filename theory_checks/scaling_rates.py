@@ -66,7 +66,6 @@ import numpy as np
 import torch
 
 import defenses
-from robust_pfl.data import ClientData
 from robust_pfl.federation import Federation
 from theory_checks import bounds
 from theory_checks.estimators import gradient_noise
@@ -103,7 +102,7 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
     full local gradients (the left side of eq. 23 and eq. 28), and the run's
     :class:`PathStatistics` at the same models."""
     honest = federation.honest
-    data = ClientData(federation.train.inputs[honest], federation.train.targets[honest])
+    data = federation.train.select(honest)
     clusters = federation.cluster_ids[honest]
     other = clusters.unsqueeze(0) != clusters.unsqueeze(1)  # [H, H]: j in another cluster than i
     total = torch.zeros((), dtype=torch.float64)
