@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from theory_checks.fitting import fit_mean_power_law
 from theory_checks.scaling_common import Sweep, assemble
-from theory_checks.statements.rates import _result
+from theory_checks.statements.rates import rate_result
 from theory_checks.types import Hypothesis, PowerLaw, RateVerdict
 from theory_checks.verdicts import EXPONENT_TOLERANCE, rate_status, rate_verdict
 
@@ -113,20 +113,31 @@ def test_invalid_errors_are_refused_naming_them():
 @given(low=st.floats(-4, 4), width=st.floats(0, 3), claimed=st.floats(-3, 3), bounded=st.booleans())
 def test_verdict_rule(low, width, claimed, bounded):
     """fails iff the ratio error / x^claimed grows faster than x^tolerance over the whole
-    interval along an unbounded variable; inconclusive iff, otherwise, a decay is claimed,
-    the interval reaches no decay and it is not decidedly faster than claimed."""
+    interval along an unbounded variable; inconclusive iff, otherwise, a decay beyond the
+    tolerance is claimed, the interval reaches no decay and it is not decidedly faster
+    than claimed."""
     law = PowerLaw(low + width / 2, low, low + width, 1.0)
     verdict = rate_verdict(law, claimed, bounded)
     grows = law.low - claimed > EXPONENT_TOLERANCE
     faster = law.high - claimed < -EXPONENT_TOLERANCE
     if grows and not bounded:
         assert verdict.verdict == "fails" and "than claimed" in verdict.direction
-    elif not grows and not faster and claimed < 0 <= law.high:
+    elif not grows and not faster and claimed < -EXPONENT_TOLERANCE and law.high >= 0:
         assert verdict.verdict == "inconclusive"
     else:
         assert verdict.verdict == "holds"
     if faster:
         assert "the bound is loose" in verdict.direction
+
+
+def test_a_claimed_decay_within_the_tolerance_is_no_decay():
+    """A bound flat to within the tolerance (the separated family's, F_0 growing like T)
+    is met by a flat measurement: holds, not inconclusive."""
+    flat = PowerLaw(0.0, -0.01, 0.01, 1.0)
+    assert rate_verdict(flat, -EXPONENT_TOLERANCE / 2).verdict == "holds"
+    wide = PowerLaw(-0.2, -0.6, 0.1, 1.0)
+    assert rate_verdict(wide, -EXPONENT_TOLERANCE / 2).verdict == "holds"
+    assert rate_verdict(wide, -0.5).verdict == "inconclusive"
 
 
 def test_directions_name_the_side():
@@ -156,21 +167,21 @@ def synthetic_study(variable: str, exponent: float, hypotheses=()) -> object:
 
 
 def test_a_rate_check_fails_with_its_family_only_when_the_ratio_grows():
-    failed = _result("thm-test", synthetic_study("T", 0.0))
+    failed = rate_result("thm-test", synthetic_study("T", 0.0))
     assert failed.status == "fails" and failed.constant is None
     assert failed.counterexample["variable"] == "T" and failed.counterexample["values"] == list(HORIZONS)
     ratios = failed.counterexample["ratios"]
     assert ratios[-1] > ratios[0]
-    held = _result("thm-test", synthetic_study("T", -0.5))
+    held = rate_result("thm-test", synthetic_study("T", -0.5))
     assert held.status == "holds_with_constant" and held.constant is not None and held.counterexample is None
     assert "constant C" in held.evidence
-    bounded = _result("thm-test", synthetic_study("beta", 0.0))  # beta_i <~ delta_i: bounded
+    bounded = rate_result("thm-test", synthetic_study("beta", 0.0))  # beta_i <~ delta_i: bounded
     assert bounded.status == "holds_with_constant"
 
 
 def test_a_rate_check_with_unmet_hypotheses_gives_no_verdict():
     unmet = Hypothesis("Assumption 9", "delta min gap / rho >= 1", 0.01, 1.0, False, "round 1")
-    result = _result("thm-test", synthetic_study("T", 0.0, [unmet]))
+    result = rate_result("thm-test", synthetic_study("T", 0.0, [unmet]))
     assert result.status == "hypotheses_unmet"
     assert result.constant is None and result.counterexample is None
     assert "Assumption 9 unmet" in result.evidence and "round 1" in result.evidence

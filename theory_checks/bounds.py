@@ -76,6 +76,72 @@ def mc_rate(sigma: ArrayLike, separation: ArrayLike, n: ArrayLike, beta: ArrayLi
     return constant * (np.sqrt(base / rounds) + attacked / (rounds**0.25 * base**0.25))
 
 
+def descent_rate(base_error: ArrayLike, smoothness: ArrayLike, gap: ArrayLike, rounds: ArrayLike,
+                 constant: float = 1.0) -> ArrayLike:
+    """Thm 3.4's clean rate with ``F_0`` and ``L`` explicit: ``C [sqrt(L F_0 E / T) + L
+    F_0 / T]``, ``E = sigma^2/n_i + sigma^3/Delta``.  A.5's descent step gives ``F_0 /
+    (eta T) + L eta E``; Thm 3.4's ``eta = min(1/L, sqrt(F_0 / (L T E)))`` makes that
+    ``2 sqrt(L F_0 E / T)`` on the second branch (eq. 28 hides ``sqrt(L F_0)`` in its
+    constant) and at most ``L F_0 / T + E`` on the first, whose ``L F_0 / T`` eq. (28)
+    leaves out."""
+    smoothness, gap, rounds = np.asarray(smoothness, float), np.asarray(gap, float), np.asarray(rounds, float)
+    return constant * (np.sqrt(smoothness * gap * np.asarray(base_error, float) / rounds) + smoothness * gap / rounds)
+
+
+def workshop_clustering_error(rho: ArrayLike, separation: ArrayLike, n: ArrayLike, constant: float = 1.0) -> ArrayLike:
+    """Workshop paper, Thm 1: ``(34 C + 48 C / n_i) rho^3 / Delta + 4 rho^2 / n_i``."""
+    rho, separation, n = np.asarray(rho, float), np.asarray(separation, float), np.asarray(n, float)
+    return (34.0 * constant + 48.0 * constant / n) * rho**3 / separation + 4.0 * rho**2 / n
+
+
+def workshop_clustering_rounds(rho: float, separation: float, n: int, total: int) -> int:
+    """Workshop paper, Thm 1: ``l = max(1, log(rho/Delta + 1/n_i) / log(1 - n_i^2 /
+    (2 N^2)))``, rounded up."""
+    ratio = rho / separation + 1.0 / n
+    if ratio >= 1:
+        return 1
+    return max(1, math.ceil(math.log(ratio) / math.log(1 - n**2 / (2 * total**2))))
+
+
+def workshop_clustering_radius(separation: ArrayLike, cluster_fraction: ArrayLike, rho: ArrayLike,
+                               start_error: ArrayLike) -> ArrayLike:
+    """The workshop proof's radius (A.1, line 263, used by Thm 1 through A.2):
+    ``tau^2 = sqrt(delta (c^2 + rho^2)) Delta / rho`` with ``c^2`` the centre's current
+    squared error.  As printed it has the units of a length, not a squared length; it is
+    used here only where ``rho = 1``."""
+    rho = np.asarray(rho, float)
+    inner = np.asarray(cluster_fraction, float) * (np.asarray(start_error, float) + rho**2)
+    return np.sqrt(np.sqrt(inner) * np.asarray(separation, float) / rho)
+
+
+def _workshop_rate(first: ArrayLike, higher: ArrayLike, smoothness: ArrayLike, gap: ArrayLike,
+                   rounds: ArrayLike) -> ArrayLike:
+    """The shape shared by the workshop's eq. (4) and Thm 4: ``2 sqrt(first F_0 / T) +
+    higher^(1/5) (2 F_0 / T)^(4/5) + higher^(2/5) (2 F_0 / T)^(3/5) + 6 L F_0 / T``."""
+    per_round = np.asarray(gap, float) / np.asarray(rounds, float)
+    higher = np.asarray(higher, float)
+    return (2.0 * np.sqrt(np.asarray(first, float) * per_round) + higher**0.2 * (2.0 * per_round) ** 0.8
+            + higher**0.4 * (2.0 * per_round) ** 0.6 + 6.0 * np.asarray(smoothness, float) * per_round)
+
+
+def workshop_pfl_rate(smoothness: ArrayLike, gap: ArrayLike, sigma: ArrayLike, n: ArrayLike, clusters: int,
+                      separation: ArrayLike, rounds: ArrayLike, constant: float = 1.0) -> ArrayLike:
+    """Workshop paper, Thm 3, eq. (4) (PFL-TC, Option 1), with its constant ``C``."""
+    smoothness, sigma = np.asarray(smoothness, float), np.asarray(sigma, float)
+    first = 120.0 * constant * smoothness * sigma**2 / np.asarray(n, float)
+    higher = 21600.0 * constant * clusters**2 * smoothness**1.5 * sigma**3 / np.asarray(separation, float)
+    return _workshop_rate(first, higher, smoothness, gap, rounds)
+
+
+def workshop_pdl_rate(smoothness: ArrayLike, gap: ArrayLike, sigma: ArrayLike, n: ArrayLike,
+                      separation: ArrayLike, rounds: ArrayLike, constant: float = 1.0) -> ArrayLike:
+    """Workshop paper, Thm 4 (PDL-TC), with its constant ``C``."""
+    smoothness, sigma = np.asarray(smoothness, float), np.asarray(sigma, float)
+    first = 96.0 * constant * smoothness * sigma**2 / np.asarray(n, float)
+    higher = 1968.0 * smoothness**1.5 * sigma**3 / np.asarray(separation, float)
+    return _workshop_rate(first, higher, smoothness, gap, rounds)
+
+
 def lemma1_constants(smoothness: ArrayLike, strong_convexity: ArrayLike) -> dict[str, ArrayLike]:
     """Lemma 1 (eq. 18-19): ``A = 2L/mu`` and ``D^2 = 2 (1 + (L/mu)^2)`` (floats, or
     arrays of instances).  Its ``Delta^2`` depends on the optima: see

@@ -275,12 +275,14 @@ class TwoPointClusters:
 
 
 def _two_point_clusters(n: int, separation: float, dim: int, repeats: int,
-                        generator: torch.Generator) -> TwoPointClusters:
+                        generator: torch.Generator, tau: float | None = None) -> TwoPointClusters:
     """The two-point instance with ``n`` points per cluster at ``Delta = separation``:
     bulks at ``0`` and ``Delta e_2``, so the means ``bulk + p h e_1`` are exactly
-    ``Delta`` apart."""
+    ``Delta`` apart; radius ``tau`` (default Thm 3.1's ``sqrt(delta_i sigma Delta)``)
+    and jump ``h = 2 tau``."""
     fraction, dim = 1.0 / CLUSTERS, max(dim, 2)
-    tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
+    if tau is None:
+        tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
     jump = 2 * tau
     rare = SIGMA**2 / jump**2
     points = torch.zeros(repeats, CLUSTERS * n, dim, dtype=torch.float64)
@@ -311,23 +313,28 @@ def _two_point_sweep(sizes: ClusteringSizes, generator: torch.Generator, reading
                  tuple(rhs), -1.0)
 
 
-def two_point_random_start(family: tuple[tuple[int, float], ...], dim: int = 2,
-                           seed: int = 0) -> list[dict[str, float]]:
+def two_point_random_start(family: tuple[tuple[int, float], ...], dim: int = 2, seed: int = 0,
+                           rhs: Callable[[float, float, int], float] | None = None,
+                           rounds: Callable[[float, int], int] | None = None,
+                           radius: Callable[[float], float] | None = None) -> list[dict[str, float]]:
     """For every ``(n, Delta)`` of ``family``: Threshold-Clustering's error on the
     two-point instance from the bulk and from a rare point, their mixture ``(1 - p)
     err_bulk + p err_rare`` (the expected error over a uniformly random start of
-    cluster 0) and its ratio to eq. (14)'s right-hand side (constant 1)."""
+    cluster 0) and its ratio to a bound's right-hand side: ``rhs(sigma, Delta, n)``
+    (default eq. 14 with constant 1), after ``rounds(Delta, n)`` rounds (default eq.
+    13's) at radius ``radius(Delta)`` (default Thm 3.1's)."""
     generator = torch.Generator().manual_seed(seed)
     out = []
     for n, separation in family:
-        c = _two_point_clusters(n, separation, dim, 1, generator)
-        from_bulk = float(clustering_errors(c.points, c.bulk, c.truth, c.tau, c.rounds)[0])
-        from_rare = float(clustering_errors(c.points, _rare_start(c), c.truth, c.tau, c.rounds)[0])
+        c = _two_point_clusters(n, separation, dim, 1, generator, None if radius is None else radius(separation))
+        steps = c.rounds if rounds is None else rounds(separation, n)
+        from_bulk = float(clustering_errors(c.points, c.bulk, c.truth, c.tau, steps)[0])
+        from_rare = float(clustering_errors(c.points, _rare_start(c), c.truth, c.tau, steps)[0])
         expected = (1 - c.rare) * from_bulk + c.rare * from_rare
-        rhs = float(bounds.clustering_error(SIGMA, separation, n))
-        out.append({"n": n, "separation": separation, "sigma": SIGMA, "tau": c.tau, "rounds": c.rounds,
+        bound = float(bounds.clustering_error(SIGMA, separation, n) if rhs is None else rhs(SIGMA, separation, n))
+        out.append({"n": n, "separation": separation, "sigma": SIGMA, "tau": c.tau, "rounds": steps,
                     "rare_probability": c.rare, "error_from_bulk": from_bulk, "error_from_rare_point": from_rare,
-                    "expected_error_random_start": expected, "rhs": rhs, "ratio_to_rhs": expected / rhs})
+                    "expected_error_random_start": expected, "rhs": bound, "ratio_to_rhs": expected / bound})
     return out
 
 

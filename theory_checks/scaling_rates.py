@@ -89,7 +89,8 @@ class PathStatistics:
     clients, their own full data): ``noise`` the largest per-sample gradient spread
     ``mean_s ||g_s(x_i) - grad f_i(x_i)||^2``; ``separation`` the smallest
     ``||grad f_i(x_i) - grad f_j(x_i)||`` over clients ``j`` of other clusters;
-    ``momenta`` the honest clients' momenta after every round (MC), ``[T, H, d]``."""
+    ``momenta`` the honest clients' momenta after every round, ``[T, H, d]``, for a
+    method that sends momenta (``Algorithm.sends_momenta``)."""
 
     noise: float
     separation: float
@@ -107,7 +108,7 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
     other = clusters.unsqueeze(0) != clusters.unsqueeze(1)  # [H, H]: j in another cluster than i
     total = torch.zeros((), dtype=torch.float64)
     noise, separation = 0.0, math.inf
-    momenta = [] if isinstance(algorithm, defenses.REGISTRY["mc"]) else None
+    momenta = [] if algorithm.sends_momenta else None
     for round_index in range(horizon):
         models = algorithm.client_models()[honest]
         cross = federation.objective.cross_gradients(models, data)  # [H models, H clients, d]
@@ -116,9 +117,9 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
         noise = max(noise, gradient_noise(federation.objective, models, data).value)
         distances = (own.unsqueeze(1) - cross).norm(dim=-1)  # [i, j]: at x_i
         separation = min(separation, float(distances[other].min()))
-        algorithm.step(round_index)
+        record = algorithm.step(round_index)
         if momenta is not None:
-            momenta.append(algorithm.momenta[honest].numpy().copy())
+            momenta.append(record.momenta[honest].numpy().copy())
     path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta))
     return float(total) / horizon, path
 
@@ -174,7 +175,7 @@ class HorizonPaths:
     round: int | None = None
 
 
-def _horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarray) -> HorizonPaths:
+def horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarray) -> HorizonPaths:
     noise = max(path.noise for path in paths)
     separation = min(path.separation for path in paths)
     if paths[0].momenta is None:
@@ -205,26 +206,26 @@ def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: fl
             if repeat == 0:
                 first = {"T": horizon, **options}
         used.append({**first, "merged_runs": merged} if method == "mc" else first)
-        paths.append(_horizon_paths(horizon, runs, clusters))
+        paths.append(horizon_paths(horizon, runs, clusters))
     values = tuple(float(h) for h in sizes.horizons)
     bound = rhs(np.array(values), paths)
     return Sweep(variable, values, errors, tuple(float(r) for r in bound), claimed), used, paths
 
 
-def run_hypotheses(problem: RateProblem, paths: list[HorizonPaths], momentum: bool = False) -> list[Hypothesis]:
-    """The rate theorems' hypotheses on the runs (worst horizon): Assumption 6 holds by
-    the choice of ``sigma`` (the largest spread visited); ``Delta >~ rho / delta_i``
-    with the visited separation and ``rho = sigma / sqrt(b)`` (constant 1); with
-    ``momentum``, Assumption 9 (``||E m_i,t - E m_j,t|| >= Delta`` with ``Delta >~ rho /
-    delta_i``, constant 1)."""
-    delta, batch = problem.cluster_fraction, problem.batch_size
+def run_hypotheses(delta: float, batch: int, paths: list[HorizonPaths], momentum: bool = False,
+                   start_note: str = "the start") -> list[Hypothesis]:
+    """The rate theorems' hypotheses on the runs (worst horizon), for clusters of
+    fraction ``delta`` and batches of ``batch``: Assumption 6 holds by the choice of
+    ``sigma`` (the largest spread visited; ``start_note`` says where); ``Delta >~ rho /
+    delta_i`` with the visited separation and ``rho = sigma / sqrt(b)`` (constant 1);
+    with ``momentum``, Assumption 9 (``||E m_i,t - E m_j,t|| >= Delta`` with ``Delta >~
+    rho / delta_i``, constant 1)."""
     ratios = [(path.separation * delta * math.sqrt(batch / path.noise), path) for path in paths]
     worst, where = min(ratios, key=lambda item: item[0])
     spread = max(path.noise for path in paths)
     out = [
         Hypothesis("Assumption 6 on the runs", "sigma^2 = the largest per-sample gradient spread at a visited model "
-                   "(the bound uses it)", spread, spread, True,
-                   f"the start; at the cluster minimisers it is {problem.sample_sigma ** 2:.3g}"),
+                   "(the bound uses it)", spread, spread, True, start_note),
         Hypothesis("Delta >~ rho/delta_i", "delta_i Delta / rho >= 1 (constant 1), Delta the smallest cross-cluster "
                    "gradient distance at a visited model, rho = sigma / sqrt(b)", worst, 1.0, worst >= 1.0,
                    f"T = {where.horizon}"),
@@ -236,6 +237,10 @@ def run_hypotheses(problem: RateProblem, paths: list[HorizonPaths], momentum: bo
                               "delta_i, constant 1; E over the repeats)", gap, 1.0, gap >= 1.0,
                               f"T = {at.horizon}, round {at.round}"))
     return out
+
+
+def _start_note(problem: RateProblem) -> str:
+    return f"the start; at the cluster minimisers it is {problem.sample_sigma ** 2:.3g}"
 
 
 def _problem_settings(problem: RateProblem, sizes: RateSizes) -> dict[str, Any]:
@@ -261,7 +266,8 @@ def fc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     floor["measured_at_largest_T"] = float(sweep.errors[-1].mean())
     settings = {**_problem_settings(problem, chosen), "runs": used, "paths": [asdict(p) for p in paths], "seed": seed}
     return assemble("thm3.3", [sweep], settings, seed, {"independent_data_floor": floor},
-                    run_hypotheses(problem, paths))
+                    run_hypotheses(problem.cluster_fraction, problem.batch_size, paths,
+                                   start_note=_start_note(problem)))
 
 
 def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed: int = 0) -> ScalingStudy:
@@ -287,7 +293,8 @@ def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
                 "delta_attacked": attacked.cluster_fraction, "runs": used, "runs_attacked": attacked_used,
                 "paths": [asdict(p) for p in paths], "paths_attacked": [asdict(p) for p in attacked_paths],
                 "seed": seed}
-    hypotheses = run_hypotheses(clean, paths, momentum=True)
+    hypotheses = run_hypotheses(clean.cluster_fraction, clean.batch_size, paths, momentum=True,
+                                start_note=_start_note(clean))
     return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings, hypotheses)
 
 

@@ -11,9 +11,10 @@ the ratio ``error / x^c`` scales like ``x^r`` with ``r`` in ``[low - c, high - c
   stays bounded: **holds** (the constant absorbs it).
 * ``r`` entirely below ``-EXPONENT_TOLERANCE``: the error falls faster (or grows
   slower) than claimed; the bound is loose there, which is no violation: **holds**.
-* otherwise, when a decay is claimed (``c < 0``) and the interval reaches 0, no decay:
-  the data cannot tell the claimed rate from none: **inconclusive**; else **holds**
-  (as claimed, within the tolerance).
+* otherwise, when a decay is claimed (``c < -EXPONENT_TOLERANCE``; a smaller one is
+  no decay within the tolerance) and the interval reaches 0, no decay: the data cannot
+  tell the claimed rate from none: **inconclusive**; else **holds** (as claimed,
+  within the tolerance).
 
 The tolerance keeps a preasymptotic bend or a logarithmic factor, which a finite sweep
 cannot tell from a power, from reading as a violation: a ratio that grows like
@@ -44,7 +45,7 @@ def rate_verdict(law: PowerLaw, claimed: float, bounded: bool = False) -> RateVe
         return RateVerdict("fails", f"{growing} than claimed: no constant covers every x ({growth})")
     if high < -EXPONENT_TOLERANCE:
         return RateVerdict("holds", f"{shrinking} than claimed: the bound is loose ({growth})")
-    if claimed < 0 <= law.high:
+    if claimed < -EXPONENT_TOLERANCE and law.high >= 0:
         return RateVerdict("inconclusive", f"the interval [{law.low:+.2f}, {law.high:+.2f}] holds both the claimed "
                                            f"{claimed:+.2f} and no decay (0)")
     return RateVerdict("holds", f"as claimed, within {EXPONENT_TOLERANCE:g} ({growth})")

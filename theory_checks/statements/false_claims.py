@@ -360,16 +360,24 @@ def two_point_candidates(instance: Instance) -> Iterator[Instance]:
                "holds for Delta^2 >= 2 sigma^2 is 1/8 (thm3.2-corrected)",
 )
 def check_thm32_constant(budget: Budget = "quick", seed: int = 0) -> CheckResult:
-    outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=statement_seed(304, seed), valid=valid_two_point)
+    return two_point_constant_check("thm3.2-constant", statement_seed(304, seed), budget)
+
+
+def two_point_constant_check(name: str, stream: int, budget: Budget) -> CheckResult:
+    """Search for and shrink a ``(sigma, Delta)`` with ``Delta^2 >= 2 sigma^2`` where the
+    two-point construction's exact error is below ``sigma^4 / (4 Delta^2)`` (the
+    constant of Thm 3.2's A.2 and of the workshop's Thm 2, A.3), reported as ``name``."""
+    outcome = _search(budget, _sample_two_point, two_point_margin, two_point_candidates, seed=stream,
+                      valid=valid_two_point)
     if outcome.shrunk is None:
-        return _not_found("thm3.2-constant", outcome)
+        return _not_found(name, outcome)
     error, bound = (float(side[0]) for side in two_point_sides(batched(outcome.shrunk)))
     construction = {key: float(value) for key, value in two_point_construction(**outcome.shrunk).items()}
     example = {**plain(outcome.shrunk), **construction, "lhs": error, "rhs": bound, "ratio": error / bound}
     evidence = (f"fails on {outcome.violations} of {outcome.tried} random (sigma, Delta) with Delta^2 >= 2 sigma^2; "
                 f"sigma = {example['sigma']:g}, Delta = {example['separation']:g}: exact error (S - Delta)^2/16 = "
                 f"{error:.4g} < sigma^4/(4 Delta^2) = {bound:.4g} (ratio {error / bound:.3f})")
-    return _fails("thm3.2-constant", outcome, example, evidence, {})
+    return _fails(name, outcome, example, evidence, {})
 
 
 @register(
