@@ -190,8 +190,9 @@ class CGPFL(Algorithm):
     The record's ``assignment`` is the round's k-means cluster (its model slot),
     ``centres`` the K generalised models after the round, ``gradients`` the honest
     ``g_i(theta_i)`` of the round's first step, ``updates`` the last applied personal
-    update ``g_i(theta_i) + lambda (theta_i - omega_i)``; ``extras["clusters"] = K``
-    and ``extras["kmeans_cost"]``.  Adaptive attacks see the ``models``, last round's
+    update ``g_i(theta_i) + lambda (theta_i - omega_i)``; ``extras["clusters"] = K``,
+    ``extras["kmeans_cost"]`` and ``extras["uploaded"]``, the copies ``omega_{i,R}``
+    the server clustered (``[N, d]``, after the attack).  Adaptive attacks see the ``models``, last round's
     ``assignment`` and an ``aggregate`` probe ``[..., N, d] -> [..., N, d]`` (the
     model every client would receive; it clusters with a copy of the server's
     stream, so probing never changes the run).
@@ -280,6 +281,7 @@ class CGPFL(Algorithm):
             update = torch.zeros_like(self.personal)
         received = fed.deliver(copies, round_index, "model", defense_state=self._defense_state())
         self.models, self.assignment, extras = self._server(received, self._kmeans_rng)
+        extras["uploaded"] = self.kept(received)
         return RoundRecord(
             round_index,
             gradients=self.kept(first),

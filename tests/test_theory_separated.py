@@ -130,3 +130,42 @@ def test_descent_rate_by_hand():
     # L = 2, F_0 = 8, E = 0.5, T = 4: sqrt(2 * 8 * 0.5 / 4) + 2 * 8 / 4 = sqrt(2) + 4
     assert bounds.descent_rate(0.5, 2.0, 8.0, 4.0) == pytest.approx(math.sqrt(2) + 4)
     assert np.allclose(bounds.descent_rate(0.5, 2.0, np.array([8.0, 16.0]), np.array([4.0, 8.0])), math.sqrt(2) + 4)
+
+
+# -- CGPFL, Thm 1 ------------------------------------------------------------------------------
+
+
+def test_cgpfl_prox_minimiser_zeroes_the_regularised_gradient():
+    """theta^(omega) = (H + lambda I)^{-1} (b + lambda omega) makes H theta - b +
+    lambda (theta - omega) vanish (the first-order condition of f + lambda/2 ||. - omega||^2)."""
+    from theory_checks.scaling_cgpfl import Quadratics
+
+    generator = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 6, 3, generator=generator, dtype=torch.float64)
+    hessians = a.transpose(1, 2) @ a / 6
+    linear = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    quadratics = Quadratics(hessians, linear, 2.5)
+    omega = torch.randn(4, 3, generator=generator, dtype=torch.float64)
+    theta = quadratics.minimisers(omega)
+    residual = (hessians @ theta.unsqueeze(-1)).squeeze(-1) - linear + 2.5 * (theta - omega)
+    assert float(residual.abs().max()) < 1e-12
+
+
+def test_cgpfl_cluster_gradient_by_hand():
+    """1-D, H = 1, b = 0, lambda = 1: theta^(omega) = omega / 2, so each client adds
+    (2/N)(omega - omega/2) = omega / N to its cluster's gradient; G = (1/N) sum (omega/2)^2."""
+    from theory_checks.scaling_cgpfl import Quadratics, cluster_gradients
+
+    quadratics = Quadratics(torch.ones(3, 1, 1, dtype=torch.float64), torch.zeros(3, 1, dtype=torch.float64), 1.0)
+    models = torch.tensor([[2.0], [4.0]], dtype=torch.float64)
+    gradients, objective = cluster_gradients(quadratics, models, torch.tensor([0, 0, 1]))
+    torch.testing.assert_close(gradients, torch.tensor([[2 * 2.0 / 3], [4.0 / 3]], dtype=torch.float64))
+    assert float(objective) == pytest.approx((1.0 + 1.0 + 4.0) / 3)
+
+
+def test_cgpfl_thm1_holds_with_its_hypotheses_met():
+    result = run_checks("quick", ["cgpfl-thm1"])["cgpfl-thm1"]
+    assert all(hypothesis.holds for hypothesis in result.hypotheses)
+    assert result.status == "holds_with_constant"
+    cap = result.details["findings"]["ratio_cap"]
+    assert all(row["mean_error"] <= cap * row["rhs"] for row in result.details["claimed_rhs"])

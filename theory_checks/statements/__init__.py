@@ -6,6 +6,6 @@ Importing this package registers every statement; :func:`run_checks` runs them.
 from theory_checks.statements.registry import STATEMENTS, Budget, Statement, register, run_checks
 
 # Importing the modules registers their statements (imported for that side effect).
-from theory_checks.statements import clustering_steps, lemmas, false_claims, rates, workshop  # noqa: E402,F401  isort: skip
+from theory_checks.statements import clustering_steps, lemmas, false_claims, rates, workshop, other_papers  # noqa: E402,F401  isort: skip
 
 __all__ = ["STATEMENTS", "Budget", "Statement", "register", "run_checks"]
