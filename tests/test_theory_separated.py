@@ -169,3 +169,32 @@ def test_cgpfl_thm1_holds_with_its_hypotheses_met():
     assert result.status == "holds_with_constant"
     cap = result.details["findings"]["ratio_cap"]
     assert all(row["mean_error"] <= cap * row["rhs"] for row in result.details["claimed_rhs"])
+
+
+# -- FedSPD, Thm 5.11 ----------------------------------------------------------------------------
+
+
+def test_consensus_rate_by_hand():
+    """Two clients, each training either centre with probability 1/2: both train s with
+    probability 1/4, and then the Metropolis W_s averages them (kills (1, -1));
+    otherwise W_s = I.  E[W^T W] on (1, -1) is 3/4, so p = 1/4."""
+    from theory_checks.scaling_fedspd import consensus_rate
+
+    mixture = torch.full((2, 2), 0.5, dtype=torch.float64)
+    assert consensus_rate(mixture, 20_000, torch.Generator().manual_seed(0)) == pytest.approx(0.25, abs=0.02)
+
+
+def test_consensus_fails_when_a_centre_is_never_trained_by_some_clients():
+    """One distribution per client: the other clients' copies of a centre never move,
+    so no p > 0 holds (the reason the study uses a mixture)."""
+    from theory_checks.scaling_fedspd import consensus_rate
+
+    mixture = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]], dtype=torch.float64)
+    assert consensus_rate(mixture, 200, torch.Generator().manual_seed(0)) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_fedspd_thm511_meets_its_hypotheses_with_one_verdict_at_two_seeds():
+    results = [run_checks("quick", ["fedspd-thm5.11"], seed=seed)["fedspd-thm5.11"] for seed in (0, 1)]
+    for result in results:
+        assert all(hypothesis.holds for hypothesis in result.hypotheses)
+    assert results[0].status == results[1].status != "hypotheses_unmet"

@@ -1,0 +1,262 @@
+"""FedSPD's cluster convergence rate (``papers/fedspd.txt``, Thm 5.11) on a mixture
+regression where its hypotheses can hold.
+
+Thm 5.11: with a suitable constant learning rate ``eta``, after ``T`` rounds
+
+    [1 + ((n - eps_N)/n) eta L] sum_t (r_t / R_T) (E F(cbar^t) - F(c*)) + mu E||cbar^(T+1) - c*||^2 <= eps
+
+with ``T = O~( sqrt(L + mu) / (sqrt(eps) mu) (sigma + sqrt(n/N) v) + L beta n^1.5 /
+(mu p sqrt(N) (n - eps_N)) ln(1/eps) + v^2 (n^2 + L^2 eps_N^2 + eps_N (S - 1)) /
+(mu n^2 eps) )``.  Solved for ``eps`` (the ``ln(1/eps)`` term is lower order), with
+the ``O~``'s logarithm written ``ln T``:
+
+    eps(T) ~ ln T [ v^2 (n^2 + L^2 eps_N^2 + eps_N (S - 1)) / (mu n^2 T)
+                    + (L + mu) (sigma + sqrt(n/N) v)^2 / (mu^2 T^2) ].
+
+The instance (every choice has a reason):
+
+* Each client holds ``m`` points, a fraction ``q_i`` uniform in ``[0.1, 0.9]`` from
+  distribution A and the rest from B (the paper's MNIST split): ``a ~ N(0, I_d)``,
+  ``y = a^T x_s + noise``, optima ``x_A``, ``x_B`` far apart, so every client trains
+  both centres now and then and the mixing can reach consensus (Assumption 5.7).
+  With one distribution per client a cluster's centre is never trained by the other
+  clients, their copies stay where they started, and no ``p > 0`` holds.
+* ``F_s``: the mean squared error on all of distribution ``s``'s points (pooled over
+  clients), ``L`` and ``mu`` its Hessian's extreme eigenvalues (Assumption 5.1,
+  ``mu > 0`` with ``m N`` points in ``d = 5``), ``F_s* > 0`` from the noise
+  (Assumption 5.2).
+* ``tau = 1`` local step (Thm 5.11 assumes it), the complete graph with Metropolis
+  weights (doubly stochastic, as the proof's Lemma A.1 needs; the paper's uniform
+  weights are only row-stochastic), ``S = 2`` centres started independently.
+* Learning rate ``eta_T = min(1/(4L), 2 ln T / (mu T))`` (a constant rate for each
+  horizon, as the theorem allows); weights ``r_t = (1 - mu eta / 2)^-(t+1)`` (Lemma
+  A.3 adapts Koloskova et al. 2020, whose constant-step weights these are).
+* ``cbar_s^t``: the mean of all ``N`` clients' copies of the centre matched to ``s``
+  (Thm 5.10 averages over all ``N``); matching by the final centres' distance to the
+  optima.
+* Measured on the runs: ``sigma^2`` (Assumption 5.4, the largest mean squared
+  per-sample gradient of a distribution at a visited ``cbar``), ``v^2`` (Assumption
+  5.5, its largest variance), ``eps_N`` (the largest number of clients in a round
+  whose points labelled with the centre they trained include the other
+  distribution's), and ``p`` (Assumption 5.7 with ``beta = 1``: ``1 - lambda_max`` of
+  ``E[W_s^T W_s]`` on the complement of the constant vector, over the selections the
+  run's mixture weights give, by Monte Carlo).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import linear_sum_assignment
+from torch import Tensor
+
+import defenses
+from defenses.fedspd import cluster_weights
+from robust_pfl.data import ClientData
+from robust_pfl.federation import Federation
+from robust_pfl.graphs import Graph
+from robust_pfl.objectives import linear_regression
+from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
+from theory_checks.types import Hypothesis
+
+SOURCES = 2
+
+
+@dataclass(frozen=True)
+class FedSPDSizes:
+    """The mixture regression and the sweep."""
+
+    clients: int = 16
+    dim: int = 5
+    samples: int = 40
+    batch_size: int = 4
+    noise: float = 0.1
+    optimum_scale: float = 3.0
+    horizons: tuple[int, ...] = (32, 64, 128, 256)
+    repeats: int = 4
+    consensus_draws: int = 2000
+    task_seed: int = 0
+
+
+FEDSPD_BUDGETS: dict[str, FedSPDSizes] = {
+    "quick": FedSPDSizes(),
+    "full": FedSPDSizes(horizons=(32, 64, 128, 256, 512, 1024), repeats=8),
+}
+
+
+@dataclass(frozen=True)
+class MixtureProblem:
+    """The clients' data, every point's source, and each source's pooled risk: Hessian
+    ``H_s``, minimiser ``c_s*``, optimum ``F_s*``."""
+
+    train: ClientData
+    sources: Tensor  # [N, m]
+    hessians: Tensor  # [S, d, d]
+    optima: Tensor  # [S, d]
+    optimal_values: Tensor  # [S]
+
+    @property
+    def smoothness(self) -> float:
+        return float(torch.linalg.eigvalsh(self.hessians)[:, -1].max())
+
+    @property
+    def strong_convexity(self) -> float:
+        return float(torch.linalg.eigvalsh(self.hessians)[:, 0].min())
+
+    def risks(self, centres: Tensor) -> Tensor:
+        """``F_s(centres[s]) - F_s*`` for ``centres[S, d]`` (exact: quadratics)."""
+        gaps = centres - self.optima
+        return 0.5 * torch.einsum("sd,sde,se->s", gaps, self.hessians, gaps)
+
+    def gradient_moments(self, centres: Tensor) -> tuple[float, float]:
+        """The largest over sources of the mean squared per-sample gradient and of its
+        variance at ``centres[s]`` (Assumptions 5.4 and 5.5)."""
+        second, variance = 0.0, 0.0
+        for s in range(SOURCES):
+            mask = self.sources == s
+            a, y = self.train.inputs[mask], self.train.targets[mask]  # [P, d], [P]
+            per_sample = a * (a @ centres[s] - y).unsqueeze(-1)
+            second = max(second, float(per_sample.square().sum(-1).mean()))
+            variance = max(variance, float((per_sample - per_sample.mean(0)).square().sum(-1).mean()))
+        return second, variance
+
+
+def mixture_problem(sizes: FedSPDSizes) -> MixtureProblem:
+    generator = torch.Generator().manual_seed(sizes.task_seed)
+    optima = sizes.optimum_scale * torch.randn(SOURCES, sizes.dim, generator=generator, dtype=torch.float64)
+    fractions = 0.1 + 0.8 * torch.rand(sizes.clients, 1, generator=generator, dtype=torch.float64)
+    position = torch.arange(sizes.samples, dtype=torch.float64) / sizes.samples
+    sources = (position.unsqueeze(0) >= fractions).long()  # the first q_i m points from A
+    inputs = torch.randn(sizes.clients, sizes.samples, sizes.dim, generator=generator, dtype=torch.float64)
+    noise = sizes.noise * torch.randn(sizes.clients, sizes.samples, generator=generator, dtype=torch.float64)
+    targets = torch.einsum("nmd,nmd->nm", inputs, optima[sources]) + noise
+    hessians, minimisers, values = [], [], []
+    for s in range(SOURCES):
+        a, y = inputs[sources == s], targets[sources == s]
+        hessians.append(a.T @ a / a.shape[0])
+        x = torch.linalg.lstsq(a, y.unsqueeze(-1)).solution.squeeze(-1)
+        minimisers.append(x)
+        values.append(0.5 * (a @ x - y).square().mean())
+    return MixtureProblem(ClientData(inputs, targets), sources, torch.stack(hessians), torch.stack(minimisers),
+                          torch.stack(values))
+
+
+def learning_rate(problem: MixtureProblem, horizon: int) -> float:
+    """``eta_T = min(1/(4L), 2 ln T / (mu T))``."""
+    return min(1.0 / (4 * problem.smoothness), 2 * math.log(horizon) / (problem.strong_convexity * horizon))
+
+
+@dataclass(frozen=True)
+class FedSPDRun:
+    """One run: the left side of eq. (9) per source, and what the hypotheses need."""
+
+    error: float
+    sigma2: float
+    v2: float
+    wrong_clients: int
+    mixture: Tensor  # [N, S]: mean mixture weights over the rounds, matched to the sources
+
+
+def _run(problem: MixtureProblem, sizes: FedSPDSizes, horizon: int, seed: int) -> FedSPDRun:
+    eta = learning_rate(problem, horizon)
+    federation = Federation(objective=linear_regression(sizes.dim), train=problem.train,
+                            cluster_ids=problem.sources.mode(dim=1).values,
+                            byzantine=torch.zeros(sizes.clients, dtype=torch.bool), seed=seed,
+                            batch_size=sizes.batch_size)
+    options = {"lr": eta, "centres": SOURCES, "local_steps": 1, "double_first_round": False,
+               "centre_init": "independent", "graph": {"kind": "complete", "weights": "metropolis"},
+               "finetune_steps": 0}
+    algorithm = defenses.build("fedspd", federation, options)
+    means = [algorithm.centres.mean(dim=1).clone()]  # cbar^t, [S, d] per round, unmatched
+    mixture = torch.zeros(sizes.clients, SOURCES, dtype=torch.float64)
+    wrong = 0
+    for round_index in range(horizon):
+        record = algorithm.step(round_index)
+        means.append(algorithm.centres.mean(dim=1).clone())
+        mixture += record.extras["mixture_weights"] / horizon
+        labelled = algorithm.labels == record.extras["selected"].unsqueeze(-1)  # points of the trained centre
+        wrong = max(wrong, int((labelled.unsqueeze(-1) & _mismatch(problem, algorithm)).any(dim=(1, 2)).sum()))
+    order = _matching(problem, means[-1])
+    trajectory = torch.stack(means)[:, order]  # [T + 1, S, d], centre s matched to source s
+    risks = torch.stack([problem.risks(centres) for centres in trajectory[:-1]])  # [T, S]
+    strong = problem.strong_convexity
+    weights = (1 - strong * eta / 2) ** -(torch.arange(horizon, dtype=torch.float64) + 1)
+    factor = 1 + eta * problem.smoothness  # (n - eps_N)/n <= 1: the factor at its largest
+    average = (weights.unsqueeze(-1) * risks).sum(0) / weights.sum()
+    final = strong * (trajectory[-1] - problem.optima).square().sum(-1)
+    moments = [problem.gradient_moments(centres) for centres in trajectory]
+    return FedSPDRun(float((factor * average + final).max()), max(m[0] for m in moments), max(m[1] for m in moments),
+                     wrong, mixture[:, order])
+
+
+def _matching(problem: MixtureProblem, centres: Tensor) -> Tensor:
+    """The centre index matched to every source (least total squared distance)."""
+    cost = torch.cdist(problem.optima, centres).square().numpy()
+    rows, cols = linear_sum_assignment(cost)
+    return torch.as_tensor(cols[np.argsort(rows)])
+
+
+def _mismatch(problem: MixtureProblem, algorithm: Any) -> Tensor:
+    """``[N, m, 1]``: a point labelled with a centre other than the one nearest its
+    source's optimum (a point on the wrong data)."""
+    nearest = torch.cdist(problem.optima, algorithm.centres.mean(dim=1)).argmin(dim=1)  # source -> centre
+    return (algorithm.labels != nearest[problem.sources]).unsqueeze(-1)
+
+
+def consensus_rate(mixture: Tensor, draws: int, generator: torch.Generator) -> float:
+    """Assumption 5.7 with ``beta = 1`` on the complete graph with Metropolis weights:
+    ``p = 1 - lambda_max(E[W_s^T W_s])`` on the complement of the constant vector, the
+    worst cluster, each client training ``s`` with probability ``mixture[i, s]``."""
+    clients = mixture.shape[0]
+    graph = Graph(~torch.eye(clients, dtype=torch.bool))
+    mixing = graph.mixing_weights("metropolis", dtype=torch.float64)
+    receivers = torch.arange(clients)
+    second = torch.zeros(SOURCES, clients, clients, dtype=torch.float64)
+    for _ in range(draws):
+        selected = torch.multinomial(mixture, 1, generator=generator).squeeze(-1)
+        w = cluster_weights(mixing, selected, receivers, SOURCES, "metropolis")  # [S, N, N]
+        second += w.transpose(1, 2) @ w / draws
+    projector = torch.eye(clients, dtype=torch.float64) - 1.0 / clients
+    worst = max(float(torch.linalg.eigvalsh(projector @ second[s] @ projector)[-1]) for s in range(SOURCES))
+    return 1.0 - worst
+
+
+def fedspd_rate_study(budget: Budget = "quick", sizes: FedSPDSizes | None = None, seed: int = 0) -> ScalingStudy:
+    """FedSPD on the mixture regression at every horizon of the budget (repeat ``r``:
+    federation seed ``1000 seed + r``), against eq. (9) solved for ``eps``."""
+    chosen = sizes or FEDSPD_BUDGETS[budget]
+    problem = mixture_problem(chosen)
+    runs = [[_run(problem, chosen, horizon, seed * 1000 + repeat) for repeat in range(chosen.repeats)]
+            for horizon in chosen.horizons]
+    errors = np.array([[run.error for run in row] for row in runs])
+    horizons = np.array(chosen.horizons, dtype=float)
+    sigma2 = max(run.sigma2 for row in runs for run in row)
+    v2 = max(run.v2 for row in runs for run in row)
+    wrong = max(run.wrong_clients for row in runs for run in row)
+    n, big_n = chosen.clients / SOURCES, chosen.clients
+    smooth, strong = problem.smoothness, problem.strong_convexity
+    noise_term = v2 * (n**2 + smooth**2 * wrong**2 + wrong * (SOURCES - 1)) / (strong * n**2 * horizons)
+    start_term = (smooth + strong) * (math.sqrt(sigma2) + math.sqrt(n / big_n * v2)) ** 2 / (strong**2 * horizons**2)
+    rhs = np.log(horizons) * (noise_term + start_term)
+    claimed = float(np.polyfit(np.log(horizons), np.log(rhs), 1)[0])
+    sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
+    mixture = torch.stack([run.mixture for row in runs for run in row]).mean(0).clamp_min(1e-12)
+    p = consensus_rate(mixture, chosen.consensus_draws, torch.Generator().manual_seed(seed))
+    hypotheses = (
+        Hypothesis("Assumption 5.1", "mu > 0 (each source's pooled risk strongly convex)", strong, 0.0, strong > 0,
+                   f"L = {smooth:.3g}"),
+        Hypothesis("Assumption 5.2", "F_inf = min_s F_s* > 0", float(problem.optimal_values.min()), 0.0,
+                   bool(problem.optimal_values.min() > 0), "the sources' optima"),
+        Hypothesis("Assumptions 5.4-5.5 on the runs", "sigma^2, v^2: the largest values at a visited cbar (the bound "
+                   "uses them)", v2, v2, True, f"sigma^2 = {sigma2:.3g}"),
+        Hypothesis("Assumption 5.7", "consensus rate p > 0 (beta = 1, Metropolis weights, the run's selection "
+                   "probabilities)", p, 0.0, p > 0, "the worst cluster"),
+    )
+    settings = {**asdict(chosen), "L": smooth, "mu": strong, "sigma2": sigma2, "v2": v2, "eps_N": wrong, "p": p,
+                "learning_rates": [learning_rate(problem, h) for h in chosen.horizons], "seed": seed}
+    findings = {"claimed_exponent_along_T": claimed}
+    return assemble("fedspd-thm5.11", [sweep], settings, seed, findings, hypotheses)
