@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_options(table)
     _add_device_option(table)
     table.set_defaults(handler=_attack_table)
-    theory = commands.add_parser("theory", help="machine checks of Werner et al.'s statements")
+    theory = commands.add_parser("theory", help="machine checks of the seed papers' statements (Werner et al., its workshop version, CGPFL, FedSPD)")
     theory_commands = theory.add_subparsers(dest="theory_command", required=True)
     report = theory_commands.add_parser(
         "report", help="run every registered statement check; write theory_report.md, .json and figures"

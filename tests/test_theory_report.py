@@ -230,7 +230,7 @@ def test_json_is_strict_and_keeps_every_result(report):
 
 def test_title_names_budget_and_time(report):
     first = report[2].splitlines()[0]
-    assert re.fullmatch(r"# Theory checks of Werner et al\. \(budget quick, \d+\.\d s\)", first)
+    assert re.fullmatch(r"# Theory checks: Werner et al\., its workshop version, CGPFL and FedSPD \(budget quick, \d+\.\d s\)", first)
 
 
 def test_names_select_the_checks_that_run(tmp_path, monkeypatch):

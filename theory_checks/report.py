@@ -1,5 +1,5 @@
 """The theory report: run the registered statement checks (Werner et al., Sec. 3 and
-App. A) and write ``theory_report.md``, ``theory_report.json`` and one scaling figure
+App. A; its workshop version; CGPFL; FedSPD) and write ``theory_report.md``, ``theory_report.json`` and one scaling figure
 per statement that measured a scaling law.
 
 A status contradicts a statement's kind when an ``exact`` or ``corrected`` statement
@@ -138,7 +138,7 @@ def render_report(
     (``details["notes"]``) and the figures; with ``across_seeds`` (every seed's
     results), each statement's status at every seed."""
     lines = [
-        f"# Theory checks of Werner et al. (budget {budget}, {seconds:.1f} s)",
+        f"# Theory checks: Werner et al., its workshop version, CGPFL and FedSPD (budget {budget}, {seconds:.1f} s)",
         "",
         *legend(),
         "",

@@ -213,18 +213,20 @@ def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: fl
 
 
 def run_hypotheses(delta: float, batch: int, paths: list[HorizonPaths], momentum: bool = False,
-                   start_note: str = "the start") -> list[Hypothesis]:
+                   start_note: str = "the start",
+                   names: tuple[str, str] = ("Assumption 6", "Assumption 9")) -> list[Hypothesis]:
     """The rate theorems' hypotheses on the runs (worst horizon), for clusters of
     fraction ``delta`` and batches of ``batch``: Assumption 6 holds by the choice of
     ``sigma`` (the largest spread visited; ``start_note`` says where); ``Delta >~ rho /
     delta_i`` with the visited separation and ``rho = sigma / sqrt(b)`` (constant 1);
     with ``momentum``, Assumption 9 (``||E m_i,t - E m_j,t|| >= Delta`` with ``Delta >~
-    rho / delta_i``, constant 1)."""
+    rho / delta_i``, constant 1).  ``names``: what the paper calls the noise and the
+    momentum-separation assumptions (the workshop: Assumptions 5 and 6)."""
     ratios = [(path.separation * delta * math.sqrt(batch / path.noise), path) for path in paths]
     worst, where = min(ratios, key=lambda item: item[0])
     spread = max(path.noise for path in paths)
     out = [
-        Hypothesis("Assumption 6 on the runs", "sigma^2 = the largest per-sample gradient spread at a visited model "
+        Hypothesis(f"{names[0]} on the runs", "sigma^2 = the largest per-sample gradient spread at a visited model "
                    "(the bound uses it)", spread, spread, True, start_note),
         Hypothesis("Delta >~ rho/delta_i", "delta_i Delta / rho >= 1 (constant 1), Delta the smallest cross-cluster "
                    "gradient distance at a visited model, rho = sigma / sqrt(b)", worst, 1.0, worst >= 1.0,
@@ -233,7 +235,7 @@ def run_hypotheses(delta: float, batch: int, paths: list[HorizonPaths], momentum
     if momentum:
         gaps = [(path.momentum_separation * delta * math.sqrt(batch / path.noise), path) for path in paths]
         gap, at = min(gaps, key=lambda item: item[0])
-        out.append(Hypothesis("Assumption 9", "delta_i min_t ||E m_i,t - E m_j,t|| / rho >= 1 (Delta >~ rho / "
+        out.append(Hypothesis(names[1], "delta_i min_t ||E m_i,t - E m_j,t|| / rho >= 1 (Delta >~ rho / "
                               "delta_i, constant 1; E over the repeats)", gap, 1.0, gap >= 1.0,
                               f"T = {at.horizon}, round {at.round}"))
     return out

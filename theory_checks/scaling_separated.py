@@ -109,8 +109,9 @@ def separated_rate_study(method: Method, budget: Budget = "quick", sizes: Separa
     settings = {**asdict(chosen), "method": method, "L": problem.smoothness, "sigma_sample": problem.sample_sigma,
                 "rho": problem.batch_sigma, "delta": problem.cluster_fraction, **options,
                 "F0": [float(g) for g in gaps], "paths": [asdict(p) for p in paths], "seed": seed}
+    names = ("Assumption 6", "Assumption 9") if method == "mc" else ("Assumption 5", "Assumption 6")
     hypotheses = run_hypotheses(problem.cluster_fraction, chosen.batch_size, paths, momentum=True,
-                                start_note="every model (the ramps' noise does not depend on x)")
+                                start_note="every model (the ramps' noise does not depend on x)", names=names)
     findings = {"claimed_exponent_along_family": claimed,
                 "learning_rate_constant": _learning_rate_constant(problem, learning_rate, horizons, gaps, paths)}
     return assemble(theorem, [sweep], settings, seed, findings, hypotheses)
