@@ -20,6 +20,7 @@ the main paper's radius stands in for it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any, Callable, Literal
 
@@ -113,8 +114,36 @@ def separated_rate_study(method: Method, budget: Budget = "quick", sizes: Separa
     hypotheses = run_hypotheses(problem.cluster_fraction, chosen.batch_size, paths, momentum=True,
                                 start_note="every model (the ramps' noise does not depend on x)", names=names)
     findings = {"claimed_exponent_along_family": claimed,
-                "learning_rate_constant": _learning_rate_constant(problem, learning_rate, horizons, gaps, paths)}
+                "learning_rate_constant": _learning_rate_constant(problem, learning_rate, horizons, gaps, paths),
+                "other_radii": _other_radii(problem, method, options, chosen, seed, float(rhs[-1]))}
     return assemble(theorem, [sweep], settings, seed, findings, hypotheses)
+
+
+def _other_radii(problem: SeparatedProblem, method: Method, options: dict[str, Any], sizes: SeparatedSizes,
+                 seed: int, bound: float) -> dict[str, dict[str, float]]:
+    """The largest horizon again at two more radii, same seeds: the proof's ``tau^2 =
+    c^2 + delta rho Delta`` (A.5, eq. 213) with ``c`` at its largest after round 1,
+    ``alpha (1 - alpha)`` (the distance ``E m`` moves in round 2, where the warm start
+    lags most), and the practical quantile radius ``q = delta / 2``; each row's mean
+    error and its ratio to the bound."""
+    alpha, rho = problem.sizes.alpha, problem.batch_sigma
+    lag = alpha * (1 - alpha)
+    radii: dict[str, Any] = {
+        "eq213": math.sqrt(lag**2 + problem.cluster_fraction * rho * math.sqrt(2.0)),
+        "quantile": {"policy": "quantile", "q": problem.cluster_fraction / 2},
+    }
+    horizon = max(sizes.horizons)
+    out = {}
+    for name, radius in radii.items():
+        errors = []
+        for repeat in range(sizes.repeats):
+            federation = problem.federation(horizon, seed * 1000 + repeat, float(options["lr"]))
+            algorithm = defenses.build(method, federation, {**options, "radius": radius})
+            algorithm.snapshot_records = False
+            errors.append(average_gradient_norm(algorithm, federation, horizon)[0])
+        mean = float(np.mean(errors))
+        out[name] = {"T": horizon, "mean_error": mean, "ratio_to_bound": mean / bound}
+    return out
 
 
 def _learning_rate_constant(problem: SeparatedProblem, learning_rate: float, horizons: np.ndarray,

@@ -183,8 +183,10 @@ def separated_note(study: ScalingStudy) -> str:
     constants = study.findings["learning_rate_constant"]
     spread = f"{min(constants):.3g}" if f"{min(constants):.3g}" == f"{max(constants):.3g}" else \
         f"{min(constants):.3g}-{max(constants):.3g}"
+    rows = "; ".join(f"{name} radius: mean error {row['mean_error']:.3g} (ratio {row['ratio_to_bound']:.3g}) at "
+                     f"T = {row['T']}" for name, row in study.findings["other_radii"].items())
     return (f"{SEPARATED_NOTE}; eta = c sqrt(F_0 / (L T E)) with c = {spread}: the theorem's eta <= 1/L "
-            f"(1/(3L) in the workshop) is the binding branch")
+            f"(1/(3L) in the workshop) is the binding branch; {rows}")
 
 
 @register(
