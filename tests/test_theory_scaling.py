@@ -384,4 +384,10 @@ def test_quick_rate_checks(name):
     assert result.status == "hypotheses_unmet"
     assert set(result.exponents) == ({"T"} if name == "thm3.3" else {"T", "T_attacked"})
     law, claimed = result.exponents["T"]
-    assert claimed == -0.5 and law.exponent < 0  # the average squared gradient falls with T
+    assert claimed == -0.5
+    if name == "thm3.3":
+        assert law.exponent < 0  # the average squared gradient falls with T
+    else:  # at the theorem's fixed radius the warm-started centres merge or lose their points
+        rows = result.details["findings"]["quantile_radius"]
+        largest = rows[max(rows, key=lambda key: int(key.split("=")[1]))]
+        assert largest["quantile_radius_mean_error"] < largest["theory_radius_mean_error"]

@@ -34,12 +34,13 @@ reason):
   behind; both methods use the same rule.
 * FC: radius ``tau = sqrt(delta rho Delta)`` and rounds of eq. (22), ``rho =
   sigma / sqrt(b)`` (Lemma 7).  MC: ``alpha = L eta`` (``alpha >~ L eta``), rounds of
-  eq. (27), and a quantile radius (``q = delta / 2``).  MC's momenta start at 0 (eq.
-  29), so at first they are only ``alpha Delta`` apart, and they all tend to 0 as the
-  models converge: Assumption 9's separation cannot hold for all ``t``.  With the
-  fixed radius ``sqrt(delta sqrt(alpha) rho Delta)`` the warm-started centres then
-  merge (for good: identical centres stay identical) or lose every point; the finding
-  ``theory_radius`` measures MC with it.
+  eq. (27), and the theorem's radius ``sqrt(delta sqrt(alpha) rho Delta)``.  MC's
+  momenta start at 0 (eq. 29), so at first they are only ``alpha Delta`` apart, and
+  they all tend to 0 as the models converge: Assumption 9's separation cannot hold
+  for all ``t``.  With that fixed radius the warm-started centres then merge (for
+  good: identical centres stay identical) or lose every point; the finding
+  ``quantile_radius`` measures MC with the practical quantile radius (``q = delta /
+  2``) at the smallest and largest horizon.
 * MC under attack: one Byzantine client per cluster running the ball-edge attack
   (the paper's threat model: just inside the current ball, pushing away).
 
@@ -187,7 +188,7 @@ def horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarra
 
 
 def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: float, sizes: RateSizes,
-                   seed: int, rhs, attack: str | None = None
+                   seed: int, rhs, attack: str | None = None, radius: str = "quantile"
                    ) -> tuple[Sweep, list[dict[str, Any]], list[HorizonPaths]]:
     """Errors ``[horizons, repeats]`` (repeat ``r`` uses federation seed ``seed * 1000
     + r``), per horizon the options of repeat 0 (with, for MC, how many repeats ended
@@ -200,7 +201,8 @@ def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: fl
         merged = 0
         runs = []
         for repeat in range(sizes.repeats):
-            errors[row, repeat], options, path = _run(problem, method, horizon, seed * 1000 + repeat, sizes, attack)
+            errors[row, repeat], options, path = _run(problem, method, horizon, seed * 1000 + repeat, sizes, attack,
+                                                      radius)
             runs.append(path)
             merged += int(options.pop("merged", False))
             if repeat == 0:
@@ -287,10 +289,10 @@ def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
             return bounds.mc_rate(rho, separation, problem.cluster_size, problem.byzantine_fraction, horizons)
         return rhs
 
-    sweep, used, paths = _horizon_sweep(clean, "mc", "T", -0.5, chosen, seed, rhs_for(clean))
+    sweep, used, paths = _horizon_sweep(clean, "mc", "T", -0.5, chosen, seed, rhs_for(clean), radius="theory")
     attacked_sweep, attacked_used, attacked_paths = _horizon_sweep(
-        attacked, "mc", "T_attacked", -0.25, chosen, seed, rhs_for(attacked), attack="ball_edge")
-    findings = {"theory_radius": theory_radius_runs(clean, chosen, seed, sweep)}
+        attacked, "mc", "T_attacked", -0.25, chosen, seed, rhs_for(attacked), attack="ball_edge", radius="theory")
+    findings = {"quantile_radius": quantile_radius_runs(clean, chosen, seed, sweep)}
     settings = {**_problem_settings(clean, chosen), "beta_attacked": attacked.byzantine_fraction,
                 "delta_attacked": attacked.cluster_fraction, "runs": used, "runs_attacked": attacked_used,
                 "paths": [asdict(p) for p in paths], "paths_attacked": [asdict(p) for p in attacked_paths],
@@ -300,16 +302,17 @@ def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings, hypotheses)
 
 
-def theory_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, quantile_sweep: Sweep) -> dict[str, Any]:
-    """MC with the fixed radius ``sqrt(delta sqrt(alpha) rho Delta)`` at the smallest and
-    largest horizon (same seeds), beside the quantile-radius sweep's mean errors."""
+def quantile_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, theory_sweep: Sweep) -> dict[str, Any]:
+    """MC with the practical quantile radius ``q = delta / 2`` at the smallest and
+    largest horizon (same seeds), beside the sweep's mean errors at the theorem's radius
+    ``sqrt(delta sqrt(alpha) rho Delta)``."""
     out: dict[str, Any] = {}
     for index in (0, len(sizes.horizons) - 1):
         horizon = sizes.horizons[index]
-        runs = [_run(problem, "mc", horizon, seed * 1000 + r, sizes, radius="theory") for r in range(sizes.repeats)]
+        runs = [_run(problem, "mc", horizon, seed * 1000 + r, sizes, radius="quantile") for r in range(sizes.repeats)]
         errors = [error for error, _, _ in runs]
-        out[f"T={horizon}"] = {"theory_radius_mean_error": float(np.mean(errors)),
-                               "theory_radius_errors": errors,
-                               "theory_radius_merged_runs": sum(int(options["merged"]) for _, options, _ in runs),
-                               "quantile_radius_mean_error": float(quantile_sweep.errors[index].mean())}
+        out[f"T={horizon}"] = {"quantile_radius_mean_error": float(np.mean(errors)),
+                               "quantile_radius_errors": errors,
+                               "quantile_radius_merged_runs": sum(int(options["merged"]) for _, options, _ in runs),
+                               "theory_radius_mean_error": float(theory_sweep.errors[index].mean())}
     return out
