@@ -12,12 +12,13 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
-from defenses.kmeans_init import kmeans_plus_plus
+from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
 from defenses.radius import make_radius
 from defenses.threshold_clustering import (
     ClusteringResult,
     Method,
     admissible_points,
+    euclidean_distances,
     threshold_clustering,
 )
 from robust_pfl.data import Batch
@@ -255,9 +256,29 @@ class FederatedClustering(Algorithm):
 
 class CentreClusteringParams(ClusteringParams):
     clusters: int | None = Field(None, ge=1, description="K centres (default: the task's K)")
-    init: Literal["kmeans++", "random_clients"] = Field("kmeans++", description="how centres are seeded")
+    init: Literal["kmeans++", "random_clients", "kmeans"] = Field(
+        "kmeans++",
+        description="how centres are seeded: kmeans++ (D^2 sampling) | random_clients | kmeans (k-means++ then "
+        "Lloyd iterations, best of 10 seedings)",
+    )
     warm_start: bool = Field(
         True, description="start from last round's centres (Alg. 4); False: seed afresh each round"
+    )
+    seed_from: Literal["all", "dense"] = Field(
+        "all",
+        description="which received vectors seed the centres: all | dense (those whose distance to their "
+        "neighbours is at most the median, defenses.kmeans_init.dense_rows: an isolated far message, such as a "
+        "large-gradient attacker's, seeds no centre)",
+    )
+    reseed: Literal["never", "merged"] = Field(
+        "never",
+        description="never: warm-started centres are kept whatever happens (Alg. 4 as printed); merged: when two "
+        "centres end closer than merge_tolerance times the points' median distance to their nearest centre, or a "
+        "centre is nearest to no point, the round is clustered again from freshly seeded centres",
+    )
+    merge_tolerance: float = Field(
+        0.5, gt=0, description="reseed = merged: centres closer than this times the median point-to-centre distance "
+        "count as merged",
     )
 
 
@@ -325,8 +346,12 @@ class _ServerClustering(Algorithm):
         return fed.gradients(self.models, batch, out=out, skip_unread=True, blend=blend)
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
+        if self.params.seed_from == "dense":
+            received = received[dense_rows(received, self.k, generator)]
         if self.params.init == "kmeans++":
             return kmeans_plus_plus(received, self.k, generator)
+        if self.params.init == "kmeans":
+            return kmeans(received, self.k, generator).centres.to(received.dtype)
         pool = received[admissible_points(received)]
         if pool.shape[0] == 0:
             return received.new_zeros(self.k, received.shape[-1])
@@ -341,13 +366,20 @@ class _ServerClustering(Algorithm):
         centres = self.centres
         if centres is None or not self.params.warm_start:
             centres = self._initial_centres(received, generator)
+        centres, nearest = self._threshold_clustering(received, centres)
+        if self.params.reseed == "merged" and collapsed(received, centres, nearest, self.params.merge_tolerance):
+            centres, nearest = self._threshold_clustering(received, self._initial_centres(received, generator))
+        return centres, nearest
+
+    def _threshold_clustering(self, received: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
+        """Alg. 3 from ``centres``, then the nearest centre of every point (a point
+        infinitely far from all, inadmissible, gets centre 0)."""
         method = self.params.distance_method(received)
         if method == "pairwise":
             centres = self._centres_in_slot(received, centres)
         result = threshold_clustering(
             received, centres, self.policy, self.params.clustering_rounds, method=method, nearest=True
         )
-        # nearest centre; a point infinitely far from all (inadmissible) gets centre 0
         return result.centres, result.nearest
 
     def _probe(self, messages: Tensor) -> Tensor:
@@ -383,6 +415,24 @@ class _ServerClustering(Algorithm):
         return self.models
 
 
+def collapsed(points: Tensor, centres: Tensor, nearest: Tensor, tolerance: float) -> bool:
+    """Whether warm-started centres have collapsed: two of them closer than
+    ``tolerance`` times the median distance of the admissible points to their nearest
+    centre, or a centre nearest to no admissible point.  Identical centres stay
+    identical under Threshold-Clustering (same ball, same update), so without a
+    re-seed a merge lasts for the rest of the run."""
+    admissible = admissible_points(points)
+    if centres.shape[0] < 2 or not bool(admissible.any()):
+        return False
+    counts = torch.bincount(nearest[admissible], minlength=centres.shape[0])
+    if bool((counts == 0).any()):
+        return True
+    own = euclidean_distances(points[admissible], centres).min(dim=-1).values
+    gaps = euclidean_distances(centres, centres)
+    gaps.fill_diagonal_(math.inf)
+    return bool(gaps.min() < tolerance * own.median())
+
+
 class MyopicParams(CentreClusteringParams):
     warm_start: bool = Field(
         False, description="Alg. 1 clusters each round's gradients afresh (k-means++ seeding)"
@@ -414,7 +464,22 @@ class MyopicClustering(_ServerClustering):
 
 
 class MomentumClusteringParams(CentreClusteringParams):
-    alpha: float = Field(0.1, gt=0, le=1, description="momentum weight on the new gradient (eq. 29)")
+    """MC's defaults are the choices that make it cluster (docs/mc.md): Alg. 4 as printed
+    is ``alpha = 0.1``-like momenta with ``seed_from = "all"`` and ``reseed = "never"``."""
+
+    alpha: float = Field(
+        0.01, gt=0, le=1,
+        description="momentum weight on the new gradient (eq. 29); small keeps the clusters' early gradients in "
+        "the momenta, which separates them after the gradients themselves have shrunk (docs/mc.md)",
+    )
+    seed_from: Literal["all", "dense"] = Field(
+        "dense", description="which received vectors seed the centres (all: Alg. 4 as printed; dense: see "
+        "CentreClusteringParams)",
+    )
+    reseed: Literal["never", "merged"] = Field(
+        "merged", description="re-seed collapsed warm-started centres (never: Alg. 4 as printed; merged: see "
+        "CentreClusteringParams)",
+    )
 
 
 @register

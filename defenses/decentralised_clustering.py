@@ -20,7 +20,7 @@ Alg. 3 / eq. 24 of the journal version).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -329,6 +329,11 @@ class PersonalizedDecentralizedTC(Algorithm):
 
 # -- PFL-TC ------------------------------------------------------------------------------------
 class PFLTCParams(MomentumClusteringParams):
+    # PFL-TC re-seeds by k-means++ every round (Assumption 7), so it keeps the printed
+    # algorithm's seeding and momentum weight.
+    alpha: float = Field(0.1, gt=0, le=1, description="momentum weight on the new gradient (Alg. 2, step 3)")
+    seed_from: Literal["all", "dense"] = Field("all", description="which received vectors seed the centres")
+    reseed: Literal["never", "merged"] = Field("never", description="re-seed collapsed warm-started centres")
     local_steps: int = Field(
         0, ge=0, description="m local SGD steps per round: 0 = Option 1 (send g_i(x_i), exactly mc); "
         "m > 0 = Option 2 (send (x - y^m) / eta)"

@@ -5,6 +5,7 @@ Inadmissible points (non-finite) are never chosen and never clustered."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -119,3 +120,33 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, restarts: int = 1
     cost, assigned, centres, sizes = best
     labels[rows] = assigned
     return KMeansResult(labels, centres, sizes, cost)
+
+
+#: Rows against which :func:`dense_rows` measures every row's neighbourhood.
+DENSITY_SAMPLE = 256
+
+
+def dense_rows(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """``[N]`` mask of the admissible rows of ``points[N, d]`` that lie in a dense part
+    of the cloud: whose distance to their ``m``-th nearest other row of a sample of at
+    most :data:`DENSITY_SAMPLE` admissible rows (seeded, all rows when there are no
+    more; ``m = ceil(S / (2k))``, half a cluster of the sample) is at most the median
+    of those distances.  A row far from every other one (a large-gradient Byzantine
+    message) is not dense, so seeding from the dense rows keeps isolated far points
+    from taking centres of their own; a tight group still counts.  ``O(N S d)``."""
+    admissible = admissible_points(points)
+    rows = admissible.nonzero().squeeze(-1)
+    if rows.numel() <= k:
+        return admissible
+    sample = rows
+    if rows.numel() > DENSITY_SAMPLE:
+        pick = torch.randperm(rows.numel(), generator=generator, device=generator.device)[:DENSITY_SAMPLE]
+        sample = rows[pick.to(rows.device)]
+    distances = euclidean_distances(points[rows].double(), points[sample].double())  # [R, S]
+    distances[rows.unsqueeze(1) == sample.unsqueeze(0)] = math.inf  # a row is not its own neighbour
+    m = max(1, math.ceil(sample.numel() / (2 * k)))
+    reach = distances.sort(dim=1).values[:, min(m, sample.numel() - 1) - 1]
+    dense = torch.zeros_like(admissible)
+    dense[rows[reach <= reach.median()]] = True
+    return dense
+

@@ -286,14 +286,17 @@ def test_pdl_tc_parameters_are_validated_naming_the_field():
 
 
 # -- PFL-TC ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("choices", [{"seed_from": "all", "reseed": "never"}, {"seed_from": "dense", "reseed": "merged"}])
 @pytest.mark.parametrize("snapshot", [True, False])
 @pytest.mark.parametrize("warm_start", [True, False])
-def test_pfl_tc_option_1_is_mc_bit_for_bit(warm_start, snapshot):
+def test_pfl_tc_option_1_is_mc_bit_for_bit(warm_start, snapshot, choices):
+    """With the same seeding choices (PFL-TC's defaults keep Alg. 4's printed ones, MC's
+    are those of docs/mc.md), Option 1 is MC exactly."""
     runs = []
     for name in ("mc", "pfl_tc"):
         task = clustered_task(2, 4)
         fed = federation(task, 2, attacks.BitFlip(), batch_size=4)
-        algo = defenses.build(name, fed, {"lr": 0.01, "alpha": 0.3, "warm_start": warm_start})
+        algo = defenses.build(name, fed, {"lr": 0.01, "alpha": 0.3, "warm_start": warm_start, **choices})
         algo.snapshot_records = snapshot
         records = [algo.step(t) for t in range(12)]
         runs.append((algo.client_models().clone(), records[-1]))
