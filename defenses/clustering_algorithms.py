@@ -480,6 +480,12 @@ class MomentumClusteringParams(CentreClusteringParams):
         "merged", description="re-seed collapsed warm-started centres (never: Alg. 4 as printed; merged: see "
         "CentreClusteringParams)",
     )
+    bias_correction: bool = Field(
+        False,
+        description="send m_t / (1 - (1 - alpha)^t) instead of m_t: the momentum started at 0 is (1 - alpha)^t "
+        "short of the gradients' scale in round t (as Adam's first moment); the clustering is unchanged (every "
+        "message scaled alike), the applied step is not",
+    )
 
 
 @register
@@ -508,7 +514,10 @@ class MomentumClustering(_ServerClustering):
         else:  # blended into the momenta as they are produced: one pass fewer
             grads = None
             self._own_gradients(into=self.momenta, blend=alpha)
-        updates = self._cluster_and_update(round_index, self.momenta)
+        sent = self.momenta
+        if self.params.bias_correction:
+            sent = torch.div(self.momenta, 1 - (1 - alpha) ** (round_index + 1), out=self._buffer("corrected"))
+        updates = self._cluster_and_update(round_index, sent)
         return RoundRecord(
             round_index,
             gradients=None if grads is None else self.kept(grads),
