@@ -43,6 +43,7 @@ from robust_pfl.data import Batch, ClientData
 from robust_pfl.federation import Federation
 from robust_pfl.objectives import Objective, write_into
 from theory_checks import bounds
+from theory_checks.scaling_rates import PRINTED_MC
 
 
 class RampObjective(Objective):
@@ -168,7 +169,9 @@ class SeparatedProblem:
         alpha, rho, separation = self.sizes.alpha, self.batch_sigma, math.sqrt(2.0)
         radius = float(bounds.clustering_radius(self.cluster_fraction, math.sqrt(alpha) * rho, separation))
         rounds = bounds.clustering_rounds(rho, separation, self.cluster_fraction, alpha=alpha)
-        return {"lr": self.learning_rate(method), "alpha": alpha, "radius": radius, "clustering_rounds": rounds}
+        printed = PRINTED_MC if method != "pdl_tc" else {}  # Alg. 4 / workshop Alg. 2 as printed
+        return {"lr": self.learning_rate(method), "alpha": alpha, "radius": radius, "clustering_rounds": rounds,
+                **printed}
 
 
 def separated_problem(sizes: SeparatedSizes) -> SeparatedProblem:
