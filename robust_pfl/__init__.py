@@ -20,6 +20,23 @@ from robust_pfl.types import Attack, AttackContext, RoundRecord
 
 __version__ = "0.1.0"
 
+
+def run(config, **options):
+    """Run an experiment and return its rows as a ``pandas.DataFrame``:
+    :func:`robust_pfl.api.run` (imported on first use: the core does not import
+    ``attacks`` and ``defenses`` itself)."""
+    from robust_pfl import api
+
+    return api.run(config, **options)
+
+
+def run_grid(grid, **options):
+    """Run a grid and return its finished cells' rows: :func:`robust_pfl.api.run_grid`."""
+    from robust_pfl import api
+
+    return api.run_grid(grid, **options)
+
+
 __all__ = [
     "Batch",
     "ClientData",
@@ -33,4 +50,6 @@ __all__ = [
     "Attack",
     "AttackContext",
     "RoundRecord",
+    "run",
+    "run_grid",
 ]

@@ -387,24 +387,41 @@ def run_cell_config(
 
 
 def progress_bar(total: int, description: str, enabled: bool | None = None):
-    """A tqdm bar on a terminal, silent otherwise."""
+    """A tqdm bar on a terminal or in a Jupyter kernel (a widget there), silent
+    otherwise."""
     from tqdm.auto import tqdm
 
     if enabled is None:
-        enabled = sys.stderr.isatty()
+        enabled = sys.stderr.isatty() or "ipykernel" in sys.modules
     return tqdm(total=total, desc=description, disable=not enabled, leave=False)
 
 
 def run_experiment(
     config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None, resume: bool = False
 ) -> dict[str, Any]:
-    """Run every method for every seed; write ``history.csv``/``summary.json``.
+    """Run every method for every seed (:func:`run_table`); write
+    ``history.csv``/``summary.json`` when ``out_dir`` is given."""
+    config = validate(config)
+    table = run_table(config, out_dir, progress, resume, validated=True)
+    extra = {"config": config.model_dump(mode="json")}
+    if out_dir is not None:
+        return write_results(table, Path(out_dir), extra)
+    return {"final": table.final(), **extra}
+
+
+def run_table(
+    config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None, resume: bool = False,
+    validated: bool = False,
+) -> ResultTable:
+    """Run every method for every seed and return the tidy rows.
 
     With ``config.checkpoint_every`` and ``out_dir``, each method and seed keeps its
     checkpoint in ``out_dir/checkpoints/<label>-seed<seed>.pt`` (the final one holds
     the final models).  ``resume=True`` continues from them; otherwise they are
-    removed first and the run starts afresh."""
-    config = validate(config)
+    removed first and the run starts afresh.  ``validated``: ``config`` has been
+    through :func:`validate` already."""
+    if not validated:
+        config = validate(config)
     if resume and config.checkpoint_every is None:
         raise config_error(None, [("checkpoint_every", "resuming needs checkpoints: set checkpoint_every = <rounds>")])
     if resume and out_dir is None:
@@ -427,7 +444,4 @@ def run_experiment(
                 bar.set_postfix_str(f"{method.display} seed={seed}")
                 checkpoint = checkpoint_of(method, seed)
                 table.extend(run_method(method, config, seed, lambda: bar.update(1), task, checkpoint))
-    extra = {"config": config.model_dump(mode="json")}
-    if out_dir is not None:
-        return write_results(table, Path(out_dir), extra)
-    return {"final": table.final(), **extra}
+    return table

@@ -1,0 +1,84 @@
+"""Python entry points for notebooks and scripts: run an experiment or a grid from a
+dict, a TOML file or a validated config and get the results as a tidy
+``pandas.DataFrame``, with a progress bar in a terminal or a Jupyter notebook.
+
+An attack, aggregator or algorithm registered in the same process (``@attacks.register``
+on a class of your own, ``defenses.register``, ...) can be named in the config like
+the package's own (docs/extending.md).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas
+
+from robust_pfl.config import ExperimentConfig, load_config, parse_config
+
+ConfigLike = ExperimentConfig | Mapping[str, Any] | str | Path
+#: The columns of :func:`run`'s frame: one row per method, seed, evaluated round and metric.
+RUN_COLUMNS = ("method", "seed", "round", "metric", "value")
+
+
+def experiment_config(config: ConfigLike, device: str | None = None) -> ExperimentConfig:
+    """``config`` as a validated run config: a dict (the TOML's structure), the path
+    of a TOML run file, or an :class:`ExperimentConfig`.  Raises
+    :class:`~robust_pfl.config.ConfigError` naming every bad field."""
+    if isinstance(config, ExperimentConfig):
+        return config
+    if isinstance(config, (str, Path)):
+        return load_config(config, device=device)
+    data = dict(config)
+    if device is not None:
+        data["device"] = device
+    return parse_config(data)
+
+
+def run(config: ConfigLike, *, out_dir: str | Path | None = None, progress: bool | None = None,
+        resume: bool = False) -> pandas.DataFrame:
+    """Run an experiment (every method, every seed) and return its rows.
+
+    Args:
+        config: a dict with the TOML run file's structure, a TOML path, or an
+            :class:`ExperimentConfig`.
+        out_dir: also write ``history.csv`` and ``summary.json`` there (and the
+            checkpoints, with ``checkpoint_every``), as ``robust-pfl run --out`` does.
+        progress: a progress bar (default: in a terminal or a Jupyter kernel).
+        resume: continue from ``out_dir``'s checkpoints.
+
+    Returns:
+        A frame with columns :data:`RUN_COLUMNS`; ``frame.pivot_table(index="round",
+        columns="method", values="value")`` on one metric gives its curves.
+    """
+    from robust_pfl.experiments import run_experiment, run_table, validate
+    from robust_pfl.results import ResultTable
+
+    parsed = validate(experiment_config(config))
+    if out_dir is None:
+        table: ResultTable = run_table(parsed, None, progress, resume, validated=True)
+        return pandas.DataFrame(table.rows, columns=list(RUN_COLUMNS))
+    run_experiment(parsed, Path(out_dir), progress, resume)
+    return pandas.read_csv(Path(out_dir) / "history.csv")
+
+
+def run_grid(grid: Mapping[str, Any] | str | Path, *, out_dir: str | Path | None = None,
+             progress: bool | None = None) -> pandas.DataFrame:
+    """Run a grid (a dict with a grid file's structure, or its path) cell by cell in
+    this process and return the finished cells' rows, one column per grid axis.
+
+    ``out_dir`` is the grid's store: cells already finished there are not run again
+    (as ``robust-pfl grid --out``); without it a temporary directory is used and
+    removed afterwards."""
+    from robust_pfl.grid import grid_results
+    from robust_pfl.grid import run_grid as run_cells
+    from robust_pfl.grid_file import expand_grid, load_grid
+
+    expanded = load_grid(grid) if isinstance(grid, (str, Path)) else expand_grid(dict(grid), "<dict>")
+    if out_dir is not None:
+        run_cells(expanded, Path(out_dir), progress=progress)
+        return grid_results(Path(out_dir), expanded)
+    with tempfile.TemporaryDirectory(prefix="robust-pfl-grid-") as scratch:
+        run_cells(expanded, Path(scratch), progress=progress)
+        return grid_results(Path(scratch), expanded)
