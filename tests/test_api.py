@@ -128,3 +128,25 @@ def test_run_grid_returns_one_column_per_axis(tmp_path):
     again = robust_pfl.run_grid(grid, out_dir=tmp_path)  # finished cells are read, not run again
     pd.testing.assert_frame_equal(frame.reset_index(drop=True), again.reset_index(drop=True))
     assert len(robust_pfl.run_grid(grid)) == len(frame)  # a temporary store
+
+
+def test_the_readmes_python_example_runs_as_written(monkeypatch):
+    """The README's "From Python" block, executed verbatim from the repository root: it
+    registers its attack, runs 50 rounds of the quick start under it and plots."""
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text.split("## From Python", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    monkeypatch.chdir(root)
+    namespace: dict = {}
+    try:
+        exec(compile(block, "README.md", "exec"), namespace)
+    finally:
+        attacks.REGISTRY.pop("shift", None)
+    accuracy = namespace["accuracy"]
+    assert set(accuracy["round"]) >= {0, 50} and set(accuracy["method"]) == set(namespace["frame"]["method"])
