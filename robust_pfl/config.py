@@ -211,6 +211,11 @@ class ExperimentConfig(_Strict):
     byzantine: ByzantineConfig = Field(default_factory=ByzantineConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     methods: list[MethodConfig] = Field(min_length=1)
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="modules (dotted names or .py paths) imported before validation, which register a user's "
+        "attacks, aggregators or algorithms (robust_pfl.plugins)",
+    )
     theory: TheoryConfig | None = None
     checkpoint_every: int | None = Field(
         None, ge=1, description="rounds between checkpoints of a run's full state (None: no checkpoints)"
@@ -319,8 +324,14 @@ def config_error(source: str | None, problems: Sequence[tuple[str, str]]) -> Con
     return ConfigError("\n".join(lines))
 
 
-def parse_config(data: dict[str, Any], source: str = "<dict>") -> ExperimentConfig:
-    """Validate a plain mapping; raise :class:`ConfigError` naming bad fields."""
+def parse_config(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
+    """Validate a plain mapping; raise :class:`ConfigError` naming bad fields.  Its
+    ``plugins`` are imported first (:mod:`robust_pfl.plugins`; ``.py`` paths relative to
+    ``base_dir``, else the working directory), so the names they register validate."""
+    from robust_pfl.plugins import load_plugins, with_resolved_paths
+
+    data = with_resolved_paths(data, base_dir)
+    load_plugins(data.get("plugins"), source)
     try:
         return ExperimentConfig.model_validate(data)
     except ValidationError as error:
@@ -352,4 +363,4 @@ def load_config(path: str | Path, device: str | None = None) -> ExperimentConfig
         raise ConfigError(f"config {path} is not valid TOML: {error}") from None
     if device is not None:
         data["device"] = device
-    return parse_config(data, str(path))
+    return parse_config(data, str(path), base_dir=path.parent)

@@ -31,6 +31,7 @@ import torch
 from pydantic import BaseModel
 
 from robust_pfl.config import ConfigError, ExperimentConfig, _models_in, parse_config
+from robust_pfl.plugins import load_plugins, with_resolved_paths
 from robust_pfl.registry import did_you_mean
 
 GRID = "grid"
@@ -113,7 +114,8 @@ def load_grid(path: str | Path, device: str | None = None) -> Grid:
     Raises:
         ConfigError: a missing or non-TOML file, or every bad field of the grid.
     """
-    return expand_grid(on_device(read_grid_file(path), device, str(path)), str(path))
+    data = with_resolved_paths(read_grid_file(path), Path(path).parent)
+    return expand_grid(on_device(data, device, str(path)), str(path))
 
 
 def on_device(data: dict[str, Any], device: str | None, source: str) -> dict[str, Any]:
@@ -151,7 +153,8 @@ def expand_grid(data: dict[str, Any], source: str) -> Grid:
         ConfigError: ``invalid grid <source>:`` and one line per problem, naming the
             grid field and element (``grid.byzantine.total[1]: ...``) or the base field.
     """
-    base = copy.deepcopy(data)
+    base = with_resolved_paths(copy.deepcopy(data))
+    load_plugins(base.get("plugins"), source)  # before any name is checked against a registry
     sweeps = base.pop(GRID, {})
     problems: list[tuple[str, str]] = []
     resources = _resources(base.pop(RESOURCES, {}), problems)
