@@ -14,9 +14,13 @@ mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
 :mod:`attacks.data_poisoning` (label flip), :mod:`attacks.forged_loss` (forged loss
 reports against loss-based clustering: IFCA, HypCluster, CLoVE) and
 :mod:`attacks.graph_attacks` (neighbour poisoning from high-degree graph positions).
+
+:func:`check_attack` (:mod:`attacks.conformance`) checks a class of your own against
+the contract every registered attack meets.
 """
 
 from attacks.base import NEED_TAGS, REGISTRY, build, describe, reads_messages, register
+from attacks.conformance import ConformanceError, check_attack
 from attacks.simple import ConstantValue, LargeGradient
 from attacks.flips import BitFlip
 from attacks.noise import GaussianNoise
@@ -29,6 +33,8 @@ from attacks.forged_loss import ForgedLoss
 from attacks.graph_attacks import NeighbourPoison
 
 __all__ = [
+    "ConformanceError",
+    "check_attack",
     "NEED_TAGS",
     "REGISTRY",
     "build",

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import attacks
 from attacks.statistical import alie_z
+from attacks.conformance import check_metadata, identical, messages
 from robust_pfl.types import AttackContext, attack_reads_own_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -108,141 +109,71 @@ def context(
     )
 
 
-def messages(*shape: int, seed: int = 0, dtype: torch.dtype = F64) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) + 1.0
-
-
-def identical(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-identical (NaN included)."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    )
-
-
 def honest_mean(values: torch.Tensor, byzantine: torch.Tensor = BYZANTINE) -> torch.Tensor:
     return values[..., ~byzantine, :].mean(dim=-2, keepdim=True)
 
 
-# -- conformance ------------------------------------------------------------------------------
+# -- conformance (the public checks of attacks.conformance, over the registry) ----------------
 @pytest.mark.parametrize("name", NAMES)
 def test_metadata(name):
-    cls = attacks.REGISTRY[name]
-    assert cls.name == name
-    assert isinstance(cls.summary, str) and cls.summary.strip() and "\n" not in cls.summary
-    assert isinstance(cls.needs, frozenset) and cls.needs <= attacks.NEED_TAGS
-    instance = cls()
-    assert isinstance(instance.needs, frozenset) and instance.needs <= attacks.NEED_TAGS
-    assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
-    described = attacks.describe(cls)
-    assert described["name"] == name and described["summary"] == cls.summary
-    assert set(described["needs"]) == set(cls.needs)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    assert set(described["parameters"]) == fields
+    check_metadata(attacks.REGISTRY[name])
+    assert attacks.REGISTRY[name].name == name
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-@pytest.mark.parametrize("dtype", [torch.float32, F64])
-def test_conformance(name, options, dtype):
-    attack = attacks.build(name, options)
-    b = int(BYZANTINE.sum())
-    for shape in [(S, D), (M, S, D)]:
-        values = messages(*shape, dtype=dtype)
-        original = values.clone()
-        first = attack(values, context(seed=1))
-        assert identical(values, original), "the attack mutated messages"
-        assert first.shape == (*shape[:-2], b, D)
-        assert first.dtype == dtype and first.device == values.device
-        assert first.data_ptr() != values.data_ptr()
-        second = attack(values, context(seed=1))
-        assert identical(first, second), "same seed, different output"
-        if name in RANDOM:
-            assert not torch.equal(first, attack(values, context(seed=2)))
+def test_conformance(name, options):
+    """Shapes, dtypes, seeded determinism, no mutation, hostile inputs, declared reads
+    and the fast paths (attacks.check_attack)."""
+    attacks.check_attack(attacks.build(name, options), random=name in RANDOM)
 
 
 @pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-def test_hostile_inputs_do_not_crash(name, options):
-    """Non-finite honest rows, a call where every sender is Byzantine, and global
-    sender indices (a subgroup) must not crash."""
+def test_an_attack_that_reads_messages_returns_finite_rows_when_everyone_is_byzantine(name, options):
     attack = attacks.build(name, options)
-    values = messages(M, S, D)
-    values[:, 0, 0] = math.nan
-    values[:, 2, 1] = math.inf
-    assert attack(values, context()).shape == (M, 2, D)
-    everyone = torch.ones(S, dtype=torch.bool)
-    out = attack(messages(S, D), context(byzantine=everyone))
-    assert out.shape == (S, D)
-    if name not in {"constant", "large_gradient"}:
-        assert torch.isfinite(out).all()
-    senders = torch.tensor([9, 2, 5, 7, 0, 3, 11])
-    assert attack(messages(S, D), context(senders=senders)).shape == (2, D)
+    out = attack(messages(S, D), context(byzantine=torch.ones(S, dtype=torch.bool)))
+    assert torch.isfinite(out).all() or name in {"constant", "large_gradient"}
 
 
-@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-def test_an_attack_that_declares_it_reads_no_message_ignores_their_values(name, options):
-    """``reads_messages = False`` lets engines skip the Byzantine senders' honest
-    vectors, so such an attack's rows must be the same for any message values
-    (garbage, NaN) of the same shape and the same generator state."""
-    attack = attacks.build(name, options)
-    if attacks.reads_messages(attack):
-        assert name not in {"large_gradient", "constant"}  # these must declare it
-        return
-    values = messages(M, S, D)
-    garbage = torch.full_like(values, math.nan)
-    assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
+@dataclasses.dataclass(frozen=True)
+class _Broken:
+    """A minimal attack to break one property at a time."""
+
+    name = "broken"
+    summary = "copies the first message"
+    needs = frozenset()
+    fault: str = "none"
+
+    @property
+    def reads_messages(self) -> bool:
+        return self.fault != "claims_no_reads"
+
+    def __call__(self, values, context):
+        rows = int(context.byzantine.sum())
+        if self.fault == "mutates":
+            values.add_(0.0).mul_(1.0000001)
+        if self.fault == "shape":
+            rows += 1
+        if self.fault == "unseeded":
+            return torch.randn(*values.shape[:-2], rows, values.shape[-1], dtype=values.dtype)
+        return values[..., :1, :].expand(*values.shape[:-2], rows, values.shape[-1]).clone()
 
 
-@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-def test_an_attack_that_reads_only_honest_rows_ignores_the_byzantine_rows(name, options):
-    """``reads_own_rows = False`` lets engines skip the Byzantine senders' honest
-    vectors (their rows are then garbage), so such an attack's rows must be the same
-    whatever those rows hold."""
-    attack = attacks.build(name, options)
-    if attack_reads_own_rows(attack):
-        return
-    values = messages(M, S, D)
-    garbage = values.clone()
-    garbage[:, BYZANTINE] = math.nan
-    assert identical(attack(values, context(seed=4)), attack(garbage, context(seed=4)))
+def test_a_well_behaved_attack_of_ones_own_passes():
+    attacks.check_attack(_Broken)
+
+
+@pytest.mark.parametrize(("fault", "named"), [
+    ("mutates", "mutated"), ("shape", "shape"), ("unseeded", "same seed"), ("claims_no_reads", "reads_messages"),
+])
+def test_check_attack_names_the_broken_property(fault, named):
+    with pytest.raises(attacks.ConformanceError, match=named):
+        attacks.check_attack(_Broken(fault))
 
 
 def test_bit_flip_reads_its_own_rows_only_from_the_own_source():
     for source, reads in (("own", True), ("client", False), ("client_model", False), ("mean", False)):
         assert attack_reads_own_rows(attacks.build("bit_flip", {"source": source})) is reads
     assert attack_reads_own_rows(object())  # undeclared: assume it reads
-
-
-@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-def test_write_rows_draws_exactly_what_the_call_returns(name, options):
-    """``write_rows`` (used by ``deliver`` to draw straight into a workspace) writes the
-    rows ``__call__`` returns, bit for bit, into a strided view of ``[M, S, d]``."""
-    attack = attacks.build(name, options)
-    if attacks.reads_messages(attack) or not hasattr(attack, "write_rows"):
-        return
-    byzantine = torch.tensor([False, False, False, False, False, True, True])  # one block
-    values = messages(M, S, D)
-    returned = attack(values, context(byzantine=byzantine, seed=9))
-    workspace = values.clone()
-    attack.write_rows(workspace[:, 5:], context(byzantine=byzantine, seed=9))
-    assert identical(workspace[:, 5:], returned)
-    assert identical(workspace[:, :5], values[:, :5])
-
-
-@pytest.mark.parametrize(("name", "options"), CONFIGS, ids=CONFIG_IDS)
-def test_write_from_writes_exactly_what_the_call_returns(name, options):
-    """``write_from`` (used by ``deliver`` for attacks that read only the honest rows)
-    writes the rows ``__call__`` returns, bit for bit, into the Byzantine block of the
-    messages themselves, and leaves the honest rows as they were."""
-    attack = attacks.build(name, options)
-    if attack_reads_own_rows(attack) or not hasattr(attack, "write_from"):
-        return
-    byzantine = torch.tensor([False, False, False, False, False, True, True])  # one block
-    values = messages(M, S, D)
-    returned = attack(values, context(byzantine=byzantine, seed=9))
-    workspace = values.clone()
-    workspace[:, 5:] = math.nan  # the block is never read
-    attack.write_from(workspace, workspace[:, 5:], context(byzantine=byzantine, seed=9))
-    assert identical(workspace[:, 5:], returned)
-    assert identical(workspace[:, :5], values[:, :5])
 
 
 def test_bit_flip_write_from_refuses_the_own_source():

@@ -1,0 +1,173 @@
+"""Public conformance checks for attacks: :func:`check_attack` runs on a class of your
+own (in your tests) what the project's suite runs on every registered attack.
+
+What an attack must do (:class:`robust_pfl.types.Attack`):
+
+* class attributes ``name`` (str), ``summary`` (one line) and ``needs`` (a frozenset
+  of :data:`attacks.NEED_TAGS`), as a frozen dataclass whose fields are its options;
+* for messages ``[S, d]`` or ``[M, S, d]`` (float32 or float64) return a new tensor
+  ``[..., B, d]`` (``B`` Byzantine senders), same dtype and device, without writing
+  into the messages; the same generator seed gives the same rows;
+* survive hostile input: NaN and Inf honest rows, a round where every sender is
+  Byzantine, and global sender indices (a subgroup of the clients);
+* honour what it declares: ``reads_messages = False`` means its rows do not depend on
+  the message values, ``reads_own_rows = False`` that they do not depend on the
+  Byzantine senders' own rows; ``write_rows`` / ``write_from`` (optional fast paths)
+  write exactly the rows the call returns.
+
+Each failed property raises :class:`ConformanceError` naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attacks.base import NEED_TAGS, describe, reads_messages
+from robust_pfl.types import AttackContext, attack_reads_own_rows
+
+SENDERS, DIM, STACK = 7, 5, 3
+BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
+BLOCK = torch.tensor([False, False, False, False, False, True, True])  # the Byzantine rows as one block
+
+
+class ConformanceError(AssertionError):
+    """An attack (or a defense) breaks a property of its contract; the message names it."""
+
+
+def _require(condition: bool, attack: Any, message: str) -> None:
+    if not condition:
+        raise ConformanceError(f"{type(attack).__name__}: {message}")
+
+
+def context(byzantine: Tensor = BYZANTINE, seed: int = 0, senders: Tensor | None = None) -> AttackContext:
+    """A gradient round's context for the checks (seeded generator, one cluster)."""
+    return AttackContext(round_index=0, kind="gradient", byzantine=byzantine,
+                         cluster_ids=torch.zeros(byzantine.shape[0], dtype=torch.long),
+                         generator=torch.Generator().manual_seed(seed), senders=senders)
+
+
+def messages(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> Tensor:
+    """Seeded honest-looking messages (standard normal plus 1)."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) + 1.0
+
+
+def identical(a: Tensor, b: Tensor) -> bool:
+    """Bit-identical, NaN included."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def check_attack(attack: Any, random: bool | None = None) -> None:
+    """Check an attack class (built with its defaults) or instance against the
+    contract of the module docstring.  ``random``: whether its rows are random draws
+    (then a different seed must change them); ``None`` does not check it.
+
+    Raises:
+        ConformanceError: the first property that fails, named.
+    """
+    instance = attack() if isinstance(attack, type) else attack
+    check_metadata(type(instance))
+    check_shapes_and_determinism(instance, random)
+    check_hostile_inputs(instance)
+    check_declared_reads(instance)
+    check_fast_paths(instance)
+
+
+def check_metadata(cls: type) -> None:
+    """``name``, a one-line ``summary``, ``needs`` within :data:`NEED_TAGS`, a frozen
+    dataclass, and :func:`attacks.describe` listing its options."""
+    _require(isinstance(getattr(cls, "name", None), str) and bool(cls.name), cls, "needs a class attribute name")
+    summary = getattr(cls, "summary", None)
+    _require(isinstance(summary, str) and bool(summary.strip()) and "\n" not in summary, cls,
+             "needs a one-line class attribute summary")
+    needs = getattr(cls, "needs", None)
+    _require(isinstance(needs, frozenset) and needs <= NEED_TAGS, cls,
+             f"needs must be a frozenset of {sorted(NEED_TAGS)}, got {needs!r}")
+    _require(dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls,
+             "must be a frozen dataclass (its fields are its options)")
+    described = describe(cls)
+    fields = {item.name for item in dataclasses.fields(cls) if item.init}
+    _require(described["name"] == cls.name and set(described["parameters"]) == fields, cls,
+             "describe() must list the name and every option")
+
+
+def check_shapes_and_determinism(attack: Any, random: bool | None = None) -> None:
+    """``[..., B, d]`` rows of the messages' dtype and device, a new tensor, the
+    messages untouched, the same rows for the same seed (and, with ``random``, other
+    rows for another seed), for ``[S, d]`` and ``[M, S, d]`` in float32 and float64."""
+    count = int(BYZANTINE.sum())
+    for dtype in (torch.float32, torch.float64):
+        for shape in ((SENDERS, DIM), (STACK, SENDERS, DIM)):
+            values = messages(*shape, dtype=dtype)
+            original = values.clone()
+            first = attack(values, context(seed=1))
+            _require(identical(values, original), attack, "mutated the messages it was handed")
+            _require(first.shape == (*shape[:-2], count, DIM), attack,
+                     f"returned shape {tuple(first.shape)} for messages {shape}, expected {(*shape[:-2], count, DIM)}")
+            _require(first.dtype == dtype and first.device == values.device, attack,
+                     f"returned {first.dtype} on {first.device} for {dtype} messages on {values.device}")
+            _require(first.data_ptr() != values.data_ptr(), attack, "returned a view of the messages")
+            _require(identical(first, attack(values, context(seed=1))), attack, "the same seed gave other rows")
+            if random:
+                _require(not torch.equal(first, attack(values, context(seed=2))), attack,
+                         "declared random, yet another seed gave the same rows")
+
+
+def check_hostile_inputs(attack: Any) -> None:
+    """NaN and Inf honest rows, every sender Byzantine, and global sender indices do
+    not crash; with every sender Byzantine the rows are finite unless the attack reads
+    no message (a constant or a large-gradient attack may send non-finite rows)."""
+    values = messages(STACK, SENDERS, DIM)
+    values[:, 0, 0] = math.nan
+    values[:, 2, 1] = math.inf
+    _require(attack(values, context()).shape == (STACK, 2, DIM), attack, "wrong shape with NaN / Inf honest rows")
+    everyone = torch.ones(SENDERS, dtype=torch.bool)
+    out = attack(messages(SENDERS, DIM), context(byzantine=everyone))
+    _require(out.shape == (SENDERS, DIM), attack, "wrong shape when every sender is Byzantine")
+    if reads_messages(attack):
+        _require(bool(torch.isfinite(out).all()), attack, "non-finite rows when every sender is Byzantine")
+    senders = torch.tensor([9, 2, 5, 7, 0, 3, 11])
+    _require(attack(messages(SENDERS, DIM), context(senders=senders)).shape == (2, DIM), attack,
+             "wrong shape with global sender indices")
+
+
+def check_declared_reads(attack: Any) -> None:
+    """``reads_messages = False``: the same rows for any message values (NaN
+    included); ``reads_own_rows = False``: the same rows whatever the Byzantine
+    senders' own rows hold."""
+    values = messages(STACK, SENDERS, DIM)
+    if not reads_messages(attack):
+        garbage = torch.full_like(values, math.nan)
+        _require(identical(attack(values, context(seed=4)), attack(garbage, context(seed=4))), attack,
+                 "declares reads_messages = False but its rows depend on the message values")
+    if not attack_reads_own_rows(attack):
+        garbage = values.clone()
+        garbage[:, BYZANTINE] = math.nan
+        _require(identical(attack(values, context(seed=4)), attack(garbage, context(seed=4))), attack,
+                 "declares reads_own_rows = False but its rows depend on the Byzantine senders' own rows")
+
+
+def check_fast_paths(attack: Any) -> None:
+    """``write_rows`` (an attack that reads no message) and ``write_from`` (one that
+    reads only the honest rows) write exactly the rows ``__call__`` returns into a
+    strided block, and nothing else."""
+    values = messages(STACK, SENDERS, DIM)
+    returned = attack(values, context(byzantine=BLOCK, seed=9))
+    write_rows = getattr(type(attack), "write_rows", None)
+    if write_rows is not None and not reads_messages(attack):
+        workspace = values.clone()
+        attack.write_rows(workspace[:, 5:], context(byzantine=BLOCK, seed=9))
+        _require(identical(workspace[:, 5:], returned) and identical(workspace[:, :5], values[:, :5]), attack,
+                 "write_rows wrote other rows than the call returns")
+    write_from = getattr(type(attack), "write_from", None)
+    if write_from is not None and not attack_reads_own_rows(attack):
+        workspace = values.clone()
+        workspace[:, 5:] = math.nan  # never read
+        attack.write_from(workspace, workspace[:, 5:], context(byzantine=BLOCK, seed=9))
+        _require(identical(workspace[:, 5:], returned) and identical(workspace[:, :5], values[:, :5]), attack,
+                 "write_from wrote other rows than the call returns")
