@@ -1,0 +1,40 @@
+"""docs/extending.md is executed as written: its files are written into a fresh folder
+(``file=NAME`` blocks), its test function passes, and its Python block runs the run
+file there (``run=.``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import attacks
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+BLOCK = re.compile(r"```(\w+) (file|run)=(\S+)\n(.*?)```", re.S)
+
+
+def test_every_block_of_the_extending_page_runs(tmp_path, monkeypatch):
+    blocks = BLOCK.findall(PAGE.read_text())
+    files = {target: body for _, kind, target, body in blocks if kind == "file"}
+    runs = [body for _, kind, _, body in blocks if kind == "run"]
+    assert {"my_attack.py", "test_my_attack.py", "run.toml"} <= set(files) and runs
+    for name, body in files.items():
+        (tmp_path / name).write_text(body)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        namespace: dict = {}
+        exec(compile(files["test_my_attack.py"], "test_my_attack.py", "exec"), namespace)
+        namespace["test_against_the_mean_meets_the_attack_contract"]()
+        for body in runs:
+            scope: dict = {}
+            exec(compile(body, str(PAGE), "exec"), scope)
+            assert set(scope["final"]["method"]) == {"fc", "global"}
+    finally:
+        attacks.REGISTRY.pop("against_the_mean", None)
+        sys.modules.pop("my_attack", None)
