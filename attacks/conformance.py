@@ -28,15 +28,12 @@ import torch
 from torch import Tensor
 
 from attacks.base import NEED_TAGS, describe, reads_messages
+from robust_pfl.conformance import ConformanceError
 from robust_pfl.types import AttackContext, attack_reads_own_rows
 
 SENDERS, DIM, STACK = 7, 5, 3
 BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
 BLOCK = torch.tensor([False, False, False, False, False, True, True])  # the Byzantine rows as one block
-
-
-class ConformanceError(AssertionError):
-    """An attack (or a defense) breaks a property of its contract; the message names it."""
 
 
 def _require(condition: bool, attack: Any, message: str) -> None:

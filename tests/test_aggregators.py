@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -41,6 +41,16 @@ from defenses.robust_aggregators import (
     describe,
     make_aggregator,
 )
+from robust_pfl.conformance import ConformanceError
+from defenses.conformance import (
+    HOSTILE_ROWS,
+    check_aggregator,
+    check_determinism_and_no_mutation,
+    check_hostile_rows,
+    check_inadmissible_rows_are_absent,
+    check_no_admissible_row,
+    check_shapes_and_batching,
+)
 from robust_pfl import Federation
 from robust_pfl.tasks import SyntheticLinearRegression
 from robust_pfl.types import AttackContext
@@ -51,7 +61,6 @@ NAMES = sorted(AGGREGATORS)
 F64 = torch.float64
 FAST = settings(max_examples=30, deadline=None)
 seeds = st.integers(0, 2**31 - 1)
-HOSTILE_VALUES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "1e38": 1e38}
 
 
 def honest_cloud(seed: int, n: int, d: int, dtype: torch.dtype = F64, spread: float = 1.0) -> torch.Tensor:
@@ -96,80 +105,48 @@ def test_make_aggregator_from_name_mapping_or_instance():
         make_aggregator(3.0)
 
 
-# -- conformance, every registered aggregator with defaults -----------------------------------
+# -- conformance, every registered aggregator with defaults (defenses.check_aggregator) ------
 @pytest.mark.parametrize("name", NAMES)
 def test_shapes_dtypes_and_batching(name):
-    agg = make_aggregator(name)
-    n, d = 9, 4
-    for dtype in (torch.float32, F64):
-        x = torch.randn(3, 2, n, d, generator=seeded(1), dtype=dtype)
-        x[0, 1, 2] = math.nan  # blocks with different admissible counts
-        x[2, 0, :3] = 1e38 if dtype == torch.float32 else math.inf
-        assert agg(x[0, 0]).shape == (d,)
-        assert agg(x[0]).shape == (2, d)
-        out = agg(x)  # no generator: bucketing keeps the given order, so blocks are comparable
-        assert out.shape == (3, 2, d) and out.dtype == dtype
-        assert torch.isfinite(out).all()
-        for i in range(3):
-            for j in range(2):
-                torch.testing.assert_close(out[i, j], agg(x[i, j]), rtol=1e-5, atol=1e-6)
+    check_shapes_and_batching(make_aggregator(name))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_seeded_determinism_and_no_mutation(name):
-    agg = make_aggregator(name)
-    x = torch.randn(4, 9, 5, generator=seeded(2), dtype=F64)
-    x[1, 3] = math.inf
-    previous = torch.randn(4, 5, generator=seeded(3), dtype=F64)
-    x_before, previous_before = x.clone(), previous.clone()
-    first = agg(x, previous, seeded(7))
-    second = agg(x, previous, seeded(7))
-    assert torch.equal(first, second)
-    assert torch.equal(x, x_before) and torch.equal(previous, previous_before)
+    check_determinism_and_no_mutation(make_aggregator(name))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, F64], ids=["float32", "float64"])
-@pytest.mark.parametrize("hostile", sorted(HOSTILE_VALUES) + ["large_gradient", "mixed"])
+@pytest.mark.parametrize("hostile", HOSTILE_ROWS)
 @pytest.mark.parametrize("name", NAMES)
 def test_hostile_rows_give_finite_output(name, hostile, dtype):
-    agg = make_aggregator(name)
-    n, d, f = 9, 6, 4  # f < n / 2
-    x = honest_cloud(0, n, d, dtype)
-    if hostile == "large_gradient":
-        x[:f] = 1e6 + 200 * torch.randn(f, d, generator=seeded(1), dtype=F64).to(dtype)
-    elif hostile == "mixed":
-        x[0], x[1], x[2], x[3] = math.nan, math.inf, -math.inf, 1e38
-        x[3, 0] = -1e38
-    else:
-        x[:f] = HOSTILE_VALUES[hostile]
-    batched = torch.stack([x, x.flip(0)])
-    for previous in (None, torch.ones(d, dtype=dtype)):
-        out = agg(batched, previous, seeded(0))
-        assert torch.isfinite(out).all(), f"{name} under {hostile}: {out}"
+    check_hostile_rows(make_aggregator(name), hostile, dtype)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_no_admissible_row_returns_previous_or_zeros(name):
-    agg = make_aggregator(name)
-    x = torch.full((2, 7, 3), math.nan, dtype=F64)
-    x[1, :, 0] = math.inf
-    assert torch.equal(agg(x), torch.zeros(2, 3, dtype=F64))
-    previous = torch.tensor([1.0, -2.0, 3.0], dtype=F64)
-    assert torch.equal(agg(x, previous, seeded(0)), previous.expand(2, 3))
-    # a non-finite previous is never returned
-    assert torch.equal(agg(x, torch.full((3,), math.nan, dtype=F64)), torch.zeros(2, 3, dtype=F64))
+    check_no_admissible_row(make_aggregator(name))
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_inadmissible_rows_are_treated_as_absent(name):
-    """With the rows' order kept (no generator), aggregating with NaN/Inf/overflowing
-    rows equals aggregating the admissible rows alone."""
-    agg = make_aggregator(name)
-    x = honest_cloud(4, 10, 3, torch.float32)
-    x[1], x[4, 2], x[7] = math.nan, -math.inf, 1e38
-    kept = torch.ones(10, dtype=torch.bool)
-    kept[[1, 4, 7]] = False
-    torch.testing.assert_close(agg(x), agg(x[kept]))
+    check_inadmissible_rows_are_absent(make_aggregator(name))
+
+
+def test_check_aggregator_passes_every_registered_rule_and_names_a_broken_one():
+    for name in NAMES:
+        check_aggregator(name)
+
+    @dataclasses.dataclass(frozen=True)
+    class ZerosCounted(Aggregator):  # divides by N, counting the zeroed inadmissible rows
+        name: ClassVar[str] = "zeros_counted_test"
+        summary: ClassVar[str] = "mean over all N rows"
+
+        def _aggregate(self, rows, previous, generator):
+            return rows.values.mean(-2)
+
+    with pytest.raises(ConformanceError, match="inadmissible row changed the aggregate"):
+        check_aggregator(ZerosCounted())
 
 
 @pytest.mark.parametrize("name", NAMES)
