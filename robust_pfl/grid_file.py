@@ -173,8 +173,10 @@ def expand_grid(data: dict[str, Any], source: str) -> Grid:
 def cell_key(config: ExperimentConfig) -> str:
     """The first 16 hex digits of the SHA-256 of the resolved config's sorted JSON:
     the same run gives the same key however its file wrote it (defaults explicit or
-    not).  Non-finite numbers stay distinct (``NaN``, not ``null``)."""
-    text = json.dumps(config.model_dump(), sort_keys=True)
+    not).  Non-finite numbers stay distinct (``NaN``, not ``null``).  ``plugins`` is
+    left out: it says where names come from, not what runs (the names and options
+    it registers are in the key)."""
+    text = json.dumps(config.model_dump(exclude={"plugins"}), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

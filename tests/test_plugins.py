@@ -140,3 +140,14 @@ def test_installed_entry_points_are_loaded_once(monkeypatch):
         assert loaded == ["fake"]
     finally:
         plugins.load_entry_points.cache_clear()
+
+
+def test_a_cells_key_does_not_depend_on_where_its_names_came_from():
+    """Grid stores written before plug-ins existed keep their keys: ``plugins`` is not
+    part of a cell's identity."""
+    from robust_pfl.config import parse_config
+    from robust_pfl.grid_file import cell_key
+
+    data = load_config_dict("none", "json")
+    without = {key: value for key, value in data.items() if key != "plugins"}
+    assert cell_key(parse_config(data)) == cell_key(parse_config(without))
