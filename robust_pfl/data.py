@@ -1,4 +1,4 @@
-"""Stacked client data and seeded batch sampling (ARCHITECTURE.md, "data is stacked").
+"""Stacked client data and seeded batch sampling (docs/design.md, "Layout").
 
 Every client holds the same number of samples, so a federation's data is one tensor
 ``inputs[N, n, ...]`` with targets ``[N, n, ...]``.  A round's batch for all clients is

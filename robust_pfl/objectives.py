@@ -1,7 +1,7 @@
 """Differentiable client objectives evaluated on flat parameter vectors.
 
-Every client's model is one row of a stacked tensor ``X[N, d]`` (ARCHITECTURE.md,
-"parameters are tensors, clients are a batch dimension").  An :class:`Objective`
+Every client's model is one row of a stacked tensor ``X[N, d]`` (parameters are
+tensors, clients a batch dimension: docs/design.md, "Layout").  An :class:`Objective`
 knows how to turn one flat row plus one client's batch into a scalar loss, and offers
 three batched evaluations that the algorithms need:
 

@@ -5,7 +5,7 @@ Every test is parametrised over ``sorted(defenses.REGISTRY)``, so an algorithm a
 the registry is checked automatically; ``global`` is also run with every registered
 robust aggregator (cases ``global:<aggregator>``, default options), so an aggregator
 added to ``defenses.AGGREGATORS`` is checked inside a training run too.  The checks are the contract of
-:class:`defenses.base.Algorithm` (ARCHITECTURE.md, "Codebases worth imitating"):
+:class:`defenses.base.Algorithm` (in the spirit of scikit-learn's ``check_estimator``):
 
 * shapes: ``client_models()`` is ``[N, d]`` in the federation's dtype; ``step(t)``
   returns a :class:`robust_pfl.RoundRecord` for round ``t`` with per-client tensors of
