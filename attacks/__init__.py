@@ -1,7 +1,8 @@
 """Byzantine attacks, registered by name.
 
-Each attack is a frozen dataclass configured at construction (parameters validated
-there) implementing :class:`robust_pfl.types.Attack`: it receives the honest messages
+Each attack is a frozen dataclass subclassing :class:`AttackBase` (which declares,
+with defaults, everything the engine reads of an attack), configured at construction
+(parameters validated there): it receives the honest messages
 ``[..., S, d]`` and an :class:`~robust_pfl.types.AttackContext`, and returns the
 Byzantine rows ``[..., B, d]``.  Class attributes ``name``, ``summary`` and ``needs``
 (``"omniscient"``, ``"adaptive"``, ``"data"``) describe it; :func:`describe` gives
@@ -20,7 +21,9 @@ the contract every registered attack meets.
 """
 
 from attacks.base import NEED_TAGS, REGISTRY, build, describe, reads_messages, register
-from attacks.conformance import ConformanceError, check_attack
+from attacks.conformance import check_attack
+from robust_pfl.conformance import ConformanceError
+from robust_pfl.types import AttackBase
 from attacks.simple import ConstantValue, LargeGradient
 from attacks.flips import BitFlip
 from attacks.noise import GaussianNoise
@@ -33,6 +36,7 @@ from attacks.forged_loss import ForgedLoss
 from attacks.graph_attacks import NeighbourPoison
 
 __all__ = [
+    "AttackBase",
     "ConformanceError",
     "check_attack",
     "NEED_TAGS",

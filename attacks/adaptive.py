@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attacks._stats import distances, honest_rows, norm, own_rows, unit
 from attacks.base import register, require_choice, require_finite
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 DIRECTIONS = ("away", "other_centre")
 
@@ -33,7 +33,7 @@ def _negligible(vector: Tensor, *scales: Tensor) -> Tensor:
 
 @register
 @dataclass(frozen=True)
-class BallEdge:
+class BallEdge(AttackBase):
     """Ball-edge attack (adaptive and omniscient).
 
     Reads ``context.defense_state``: ``centres`` ``[..., K, d]`` (the defense's current

@@ -34,7 +34,7 @@ import math
 from typing import Any, Callable, Collection, Mapping
 
 from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
-from robust_pfl.types import Attack
+from robust_pfl.types import Attack, AttackBase
 from robust_pfl.types import attack_reads_messages as reads_messages  # re-exported
 
 REGISTRY: dict[str, type] = {}
@@ -43,6 +43,9 @@ NEED_TAGS: frozenset[str] = frozenset({"omniscient", "adaptive", "data"})
 
 
 def _known_needs(cls: type) -> None:
+    if not issubclass(cls, AttackBase):
+        raise TypeError(f"attack {getattr(cls, 'name', cls.__name__)!r} must subclass attacks.AttackBase, which "
+                        "declares what the engine reads of an attack")
     unknown = frozenset(cls.needs) - NEED_TAGS
     if unknown:
         raise ValueError(f"attack {cls.name!r}: unknown needs {sorted(unknown)}; allowed {sorted(NEED_TAGS)}")

@@ -10,14 +10,14 @@ from torch import Tensor
 
 from attacks._stats import own_rows
 from attacks.base import register, require_choice, require_int
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 MODES = ("reverse", "shift", "pair")
 
 
 @register
 @dataclass(frozen=True)
-class LabelFlip:
+class LabelFlip(AttackBase):
     """Label-flipping data poisoning (the classic ``y -> C - 1 - y``, i.e. ``9 - y`` on
     MNIST, as in Fang et al., USENIX Security 2020).
 

@@ -10,14 +10,14 @@ from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, own_rows
 from attacks.base import NeedsBy, register, require_choice, require_finite, require_int
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 SOURCES = ("own", "client", "client_model", "mean")
 
 
 @register
 @dataclass(frozen=True)
-class BitFlip:
+class BitFlip(AttackBase):
     """Bit-flip (sign-flip) attack: every Byzantine row is ``-scale * g``.
 
     ``source`` picks ``g``:

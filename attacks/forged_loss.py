@@ -16,14 +16,14 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape
 from attacks.base import REGISTRY, NeedsBy, build, register, require_int
-from robust_pfl.types import Attack, AttackContext
+from robust_pfl.types import Attack, AttackBase, AttackContext
 
 TARGETS = ("largest",)
 
 
 @register
 @dataclass(frozen=True)
-class ForgedLoss:
+class ForgedLoss(AttackBase):
     """Forged loss reports that place every Byzantine client in the ``target``
     cluster, plus a ``payload`` attack on every other message.
 
@@ -65,7 +65,7 @@ class ForgedLoss:
     )
     needs = NeedsBy(
         frozenset({"omniscient", "adaptive"}),
-        lambda self: frozenset({"omniscient"}) | frozenset(getattr(self.attack, "needs", ())),
+        lambda self: frozenset({"omniscient"}) | frozenset(self.attack.needs),
     )
     forges_losses: ClassVar[bool] = True
     target: int | str = "largest"
@@ -95,7 +95,7 @@ class ForgedLoss:
             attack = build(self.payload, dict(self.payload_options))
         except ValueError as error:
             raise ValueError(f"forged_loss.payload_options: {error}") from None
-        if hasattr(attack, "poison") or "data" in frozenset(getattr(attack, "needs", ())):
+        if attack.poison is not None or "data" in frozenset(attack.needs):
             raise ValueError(
                 f"forged_loss.payload must be a message attack; {self.payload!r} poisons training data "
                 "(a data attack acts when the federation is built, not on delivered messages)"

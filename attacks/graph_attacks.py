@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape, norm, reference_mask, unit
 from attacks.base import register, require_choice, require_finite
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 MODES = ("ball_edge", "flip")
 DIRECTIONS = ("reverse", "away")
@@ -25,7 +25,7 @@ DIRECTIONS = ("reverse", "away")
 
 @register
 @dataclass(frozen=True)
-class NeighbourPoison:
+class NeighbourPoison(AttackBase):
     """Neighbour poisoning (omniscient, adaptive): each receiver gets its own crafted
     message from every Byzantine neighbour, and the Byzantine nodes sit at the
     highest-degree positions of the graph (``graph_placement = "high_degree"``).

@@ -9,14 +9,14 @@ from torch import Tensor
 
 from attacks._stats import fill_normal, normal_rows, own_rows
 from attacks.base import register, require_choice, require_finite
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 AROUND = ("zero", "own")
 
 
 @register
 @dataclass(frozen=True)
-class GaussianNoise:
+class GaussianNoise(AttackBase):
     """Gaussian-noise attack (the standard baseline of e.g. Blanchard et al., 2017,
     and Xie et al., 2018): every Byzantine coordinate i.i.d. ``N(0, std^2)``
     (``around="zero"``) or the client's own honest row plus that noise

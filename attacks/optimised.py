@@ -26,7 +26,7 @@ from torch import Tensor
 
 from attacks._stats import distances, expand_rows, honest_rows, mean_and_std, unit
 from attacks.base import register, require_choice, require_finite, require_int
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 DIRECTIONS = ("unit", "std", "sign")
 
@@ -50,7 +50,7 @@ def largest_feasible(feasible: Callable[[Tensor], Tensor], start: Tensor, steps:
 
 
 @dataclass(frozen=True)
-class _PerturbedMean:
+class _PerturbedMean(AttackBase):
     """Shared body of Min-Max and Min-Sum; subclasses give the two constraint sides."""
 
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})

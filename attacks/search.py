@@ -16,7 +16,7 @@ from torch import Tensor
 
 from attacks._stats import honest_mean, norm
 from attacks.base import NeedsBy, build, register, require_finite
-from robust_pfl.types import Attack, AttackContext
+from robust_pfl.types import Attack, AttackBase, AttackContext
 
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -28,7 +28,7 @@ def mean_aggregate(delivered: Tensor) -> Tensor:
 
 @register
 @dataclass(frozen=True)
-class Optimised:
+class Optimised(AttackBase):
     """Scale search around a base attack (omniscient and adaptive).
 
     ``base``: ``{"name": ..., <options>}`` of another registered attack, built (and
@@ -51,7 +51,7 @@ class Optimised:
     summary: ClassVar[str] = "grid-search the scale of a base attack to maximise the aggregate's deviation"
     needs = NeedsBy(
         frozenset({"omniscient", "adaptive"}),
-        lambda self: frozenset(getattr(self.attack, "needs", ())) | {"omniscient", "adaptive"},
+        lambda self: frozenset(self.attack.needs) | {"omniscient", "adaptive"},
     )
     base: Mapping[str, Any] = field(default_factory=lambda: {"name": "alie"}, hash=False)
     scales: tuple[float, ...] = DEFAULT_SCALES

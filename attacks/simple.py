@@ -10,12 +10,12 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape, fill_normal, normal_rows
 from attacks.base import register, require_finite, require_number
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 
 @register
 @dataclass(frozen=True)
-class LargeGradient:
+class LargeGradient(AttackBase):
     """Large-gradient attack: every coordinate i.i.d. ``N(mean, std^2)``; the official
     Fig. 6 code uses ``randn * 200 + 1e6``."""
 
@@ -41,7 +41,7 @@ class LargeGradient:
 
 @register
 @dataclass(frozen=True)
-class ConstantValue:
+class ConstantValue(AttackBase):
     """Every Byzantine coordinate set to ``value`` (NaN, +-Inf, 1e38 ...): the
     conformance suite's hostile inputs."""
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, honest_rows, mean_and_std
 from attacks.base import register, require_finite, require_int
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 
 def alie_z(senders: int, byzantine: int) -> float:
@@ -31,7 +31,7 @@ def alie_z(senders: int, byzantine: int) -> float:
 
 @register
 @dataclass(frozen=True)
-class ALIE:
+class ALIE(AttackBase):
     """"A little is enough" (Baruch, Baruch & Goldberg, NeurIPS 2019): every
     Byzantine row is, per coordinate, ``mean_j - z * std_j`` of the honest rows, a
     shift small enough to stay within the honest spread yet consistent across all
@@ -64,7 +64,7 @@ class ALIE:
 
 @register
 @dataclass(frozen=True)
-class IPM:
+class IPM(AttackBase):
     """Inner-product manipulation (Xie, Koyejo & Gupta, "Fall of empires", UAI 2019 /
     PMLR 115, 2020): every Byzantine row is ``-eps * mean`` of the honest rows, so that
     its inner product with the honest mean, ``-eps ||mean||^2``, is negative."""
@@ -83,7 +83,7 @@ class IPM:
 
 @register
 @dataclass(frozen=True)
-class Mimic:
+class Mimic(AttackBase):
     """Mimic (Karimireddy, He & Jaggi, ICLR 2022): every Byzantine client copies one
     honest client's row, over-weighting it.  ``client`` is a global client index;
     ``None`` (or a client absent from the call or Byzantine) copies the honest sender

@@ -16,7 +16,7 @@ from robust_pfl.objectives import (
     logistic_regression,
     mlp,
 )
-from robust_pfl.types import Attack, AttackContext, RoundRecord
+from robust_pfl.types import Attack, AttackBase, AttackContext, RoundRecord
 
 __version__ = "0.1.0"
 
@@ -48,6 +48,7 @@ __all__ = [
     "logistic_regression",
     "mlp",
     "Attack",
+    "AttackBase",
     "AttackContext",
     "RoundRecord",
     "run",

@@ -89,7 +89,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
             attack = attacks.build(config.attack.name, config.attack.options())
         except ValueError as error:
             raise fail("attack", str(error)) from None
-        if "data" in getattr(attack, "needs", ()) and not isinstance(config.task, ImageTaskConfig):
+        if "data" in attack.needs and not isinstance(config.task, ImageTaskConfig):
             raise fail(
                 "attack.name",
                 f"{config.attack.name!r} poisons labels and needs a classification task "

@@ -23,7 +23,7 @@ from robust_pfl.devices import same_device
 from robust_pfl.objectives import Objective
 from robust_pfl.seeding import generator as make_generator
 from robust_pfl.types import (
-    Attack,
+    AttackBase,
     AttackContext,
     MessageKind,
     attack_draws_rows_apart,
@@ -62,12 +62,17 @@ class Federation:
     byzantine: Tensor
     seed: int = 0
     batch_size: int | None = None
-    attack: Attack | None = None
+    attack: AttackBase | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     num_classes: int | None = None
     sample_gradients: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
+        if self.attack is not None and not isinstance(self.attack, AttackBase):
+            raise TypeError(
+                f"an attack must subclass robust_pfl.types.AttackBase (attacks.AttackBase), which declares what "
+                f"the engine reads of it; got {type(self.attack).__name__}"
+            )
         n = self.train.inputs.shape[0]
         if self.cluster_ids.shape != (n,) or self.byzantine.shape != (n,):
             raise ValueError(
@@ -99,12 +104,12 @@ class Federation:
 
     def _poisoned_targets(self, targets: Tensor) -> Tensor:
         """Training targets after a data attack's ``poison`` on the Byzantine rows."""
-        poison = getattr(self.attack, "poison", None)
+        poison = None if self.attack is None else self.attack.poison
         if poison is None or not bool(self.byzantine.any()):
             return targets
         if self.num_classes is None:
             raise ValueError(
-                f"attack {getattr(self.attack, 'name', self.attack)!r} poisons labels: it needs a "
+                f"attack {self.attack.name!r} poisons labels: it needs a "
                 "classification task (num_classes), not a regression task"
             )
         targets = targets.clone()
@@ -342,15 +347,15 @@ def _picked(rows: Tensor, needed: Tensor | None) -> Tensor:
     return rows if needed is None else rows[needed]
 
 
-def _row_writer(attack: Attack) -> Callable[[Tensor, Tensor, AttackContext], None] | None:
+def _row_writer(attack: AttackBase) -> Callable[[Tensor, Tensor, AttackContext], None] | None:
     """``(messages, rows, context) -> None`` writing the attack's rows into ``rows``
     (the Byzantine block, which the attack never reads): its ``write_rows`` when it
     reads no message, its ``write_from`` when it reads only the honest rows; else
     ``None``."""
     if not attack_reads_messages(attack):
-        write_rows = getattr(attack, "write_rows", None)
+        write_rows = attack.write_rows
         return None if write_rows is None else lambda messages, rows, context: write_rows(rows, context)
-    return None if attack_reads_own_rows(attack) else getattr(attack, "write_from", None)
+    return None if attack_reads_own_rows(attack) else attack.write_from
 
 
 def _block_span(mask: Tensor) -> tuple[int, int] | None:

@@ -187,7 +187,7 @@ def federation_graph(federation, spec: GraphSpec, round_index: int = 0) -> Graph
     ``"random"``)."""
     stream = f"graph/{round_index}" if spec.dynamic else "graph"
     graph = make_graph(spec, federation.clients, make_generator(federation.seed, stream))
-    placement = getattr(federation.attack, "graph_placement", "random")
+    placement = "random" if federation.attack is None else federation.attack.graph_placement
     graph = place_byzantine(graph, federation.byzantine, placement)
     return Graph(graph.adjacency.to(federation.device))
 

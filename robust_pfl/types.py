@@ -7,7 +7,7 @@ packages ``attacks`` and ``defenses`` implement them and never import each other
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -45,6 +45,45 @@ class AttackContext:
     defense_state: Mapping[str, Any] = field(default_factory=dict)
 
 
+class AttackBase:
+    """The base class of every attack: what the engine reads of one, each declared here
+    with its default (a subclass overrides a class attribute, or a property where an
+    option decides).  Subclass it as a frozen dataclass whose fields are the options.
+
+    * ``name``, ``summary``: the registry key and one line for ``robust-pfl attacks``.
+    * ``needs``: what it uses (``omniscient``: the honest messages; ``adaptive``: the
+      defense's state; ``data``: it poisons labels).
+    * ``reads_messages``: False when its rows depend on the message shapes and its
+      random stream only (the engine then skips computing the Byzantine rows).
+    * ``reads_own_rows``: False when it reads only the honest senders' rows.
+    * ``iid_rows``: with ``reads_messages = False``, every row an independent draw (a
+      caller that needs only some rows may draw those alone).
+    * ``forges_losses``: it replaces loss reports (``"loss"`` messages) too; every other
+      attack leaves them honest.
+    * ``graph_placement``: where its Byzantine nodes sit on a graph (``"random"``, or
+      ``"high_degree"``).
+    * ``write_rows(rows, context)`` / ``write_from(messages, rows, context)``: optional
+      fast paths writing the call's rows in place (``None``: absent).
+    * ``poison(targets, num_classes)``: a data attack's label poisoning (``None``: none).
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    needs: ClassVar[frozenset[str]] = frozenset()
+    reads_messages: ClassVar[bool] = True
+    reads_own_rows: ClassVar[bool] = True
+    iid_rows: ClassVar[bool] = False
+    forges_losses: ClassVar[bool] = False
+    graph_placement: ClassVar[str] = "random"
+    write_rows: ClassVar[Callable[..., None] | None] = None
+    write_from: ClassVar[Callable[..., None] | None] = None
+    poison: ClassVar[Callable[[Tensor, int], Tensor] | None] = None
+
+    def __call__(self, messages: Tensor, context: "AttackContext") -> Tensor:
+        """The Byzantine rows ``[..., B, d]`` for the honest messages ``[..., N, d]``."""
+        raise NotImplementedError
+
+
 @runtime_checkable
 class Attack(Protocol):
     """A gradient attack: given the honest messages ``[..., N, d]`` (every row as an
@@ -54,36 +93,36 @@ class Attack(Protocol):
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor: ...
 
 
-def attack_forges_losses(attack: Attack | None) -> bool:
+def attack_forges_losses(attack: AttackBase | None) -> bool:
     """Whether ``attack`` replaces reported losses (messages of kind ``"loss"``, e.g.
     IFCA's and CLoVE's per-model losses): only attacks that declare
     ``forges_losses = True`` do; every other attack leaves loss reports honest, so a
     gradient attack means the same thing for every algorithm."""
-    return bool(getattr(attack, "forges_losses", False))
+    return attack is not None and attack.forges_losses
 
 
-def attack_reads_messages(attack: Attack) -> bool:
+def attack_reads_messages(attack: AttackBase) -> bool:
     """Whether ``attack``'s output may depend on the values of the messages it is
     handed: ``True`` unless the attack declares ``reads_messages = False`` (its rows
     depend only on the shapes and its random stream)."""
-    return bool(getattr(attack, "reads_messages", True))
+    return bool(attack.reads_messages)
 
 
-def attack_reads_own_rows(attack: Attack) -> bool:
+def attack_reads_own_rows(attack: AttackBase) -> bool:
     """Whether ``attack``'s output may depend on the Byzantine senders' own honest
     rows: ``False`` when it reads no message at all, or declares
     ``reads_own_rows = False`` (it reads only the honest senders' rows, e.g. bit flip
     of an honest client's gradient); ``True`` otherwise."""
-    return attack_reads_messages(attack) and bool(getattr(attack, "reads_own_rows", True))
+    return attack_reads_messages(attack) and bool(attack.reads_own_rows)
 
 
-def attack_draws_rows_apart(attack: Attack) -> bool:
+def attack_draws_rows_apart(attack: AttackBase) -> bool:
     """Whether every row of ``attack`` is an independent draw (or one constant) that
     depends on nothing but its random stream: it reads no message and declares
     ``iid_rows = True``.  A caller that reads only some Byzantine rows (a graph
     system's Byzantine neighbours) may then have those alone drawn
     (:meth:`robust_pfl.federation.Federation.deliver`'s ``needed``)."""
-    return not attack_reads_messages(attack) and bool(getattr(attack, "iid_rows", False))
+    return not attack_reads_messages(attack) and bool(attack.iid_rows)
 
 
 @dataclass

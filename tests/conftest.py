@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from robust_pfl.types import AttackBase
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def single_thread():
     torch.set_num_threads(previous)
 
 
-class CallPathAttack:
+class CallPathAttack(AttackBase):
     """Wraps an attack so that engines take the plain call path: no ``write_rows``,
     and ``reads_messages`` as given (``True`` makes engines compute every row)."""
 

@@ -53,7 +53,7 @@ from defenses.conformance import (
 )
 from robust_pfl import Federation
 from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -476,7 +476,7 @@ def test_global_with_the_mean_is_fedavg():
     torch.testing.assert_close(record.updates[0], received[0].mean(0))
 
 
-class ProbingAttack:
+class ProbingAttack(AttackBase):
     """Large rows; probes the defense through ``defense_state["aggregate"]`` first."""
 
     def __init__(self) -> None:

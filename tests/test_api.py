@@ -5,6 +5,8 @@ field."""
 
 from __future__ import annotations
 
+from robust_pfl.types import AttackBase
+
 import dataclasses
 from pathlib import Path
 
@@ -76,7 +78,7 @@ def test_out_dir_writes_what_the_command_line_writes(tmp_path):
 
 
 @dataclasses.dataclass(frozen=True)
-class ShiftedCopy:
+class ShiftedCopy(AttackBase):
     """A user's own attack, as in a notebook: every Byzantine row is the first honest
     message plus ``shift``."""
 

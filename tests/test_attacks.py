@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import attacks
 from attacks.statistical import alie_z
 from attacks.conformance import check_metadata, identical, messages
-from robust_pfl.types import AttackContext, attack_reads_own_rows
+from robust_pfl.types import AttackBase, AttackContext, attack_reads_own_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -135,7 +135,7 @@ def test_an_attack_that_reads_messages_returns_finite_rows_when_everyone_is_byza
 
 
 @dataclasses.dataclass(frozen=True)
-class _Broken:
+class _Broken(AttackBase):
     """A minimal attack to break one property at a time."""
 
     name = "broken"
@@ -173,7 +173,7 @@ def test_check_attack_names_the_broken_property(fault, named):
 def test_bit_flip_reads_its_own_rows_only_from_the_own_source():
     for source, reads in (("own", True), ("client", False), ("client_model", False), ("mean", False)):
         assert attack_reads_own_rows(attacks.build("bit_flip", {"source": source})) is reads
-    assert attack_reads_own_rows(object())  # undeclared: assume it reads
+    assert attack_reads_own_rows(AttackBase())  # the declared default: it reads
 
 
 def test_bit_flip_write_from_refuses_the_own_source():
@@ -225,7 +225,7 @@ def test_reads_messages_follows_the_configuration():
     assert not attacks.reads_messages(attacks.build("gaussian_noise", {"around": "zero"}))
     assert attacks.reads_messages(attacks.build("gaussian_noise", {"around": "own"}))
     assert attacks.reads_messages(attacks.build("bit_flip"))
-    assert attacks.reads_messages(object())  # undeclared: assume it reads
+    assert attacks.reads_messages(AttackBase())  # the declared default: it reads
 
 
 def test_every_attack_with_parameters_has_an_invalid_case():
@@ -542,3 +542,26 @@ def test_optimised_defaults_to_the_mean_and_survives_non_finite_damage():
     torch.testing.assert_close(attack(values, context()), (mean + 8.0 * offset).expand(2, D))
     nan = {"aggregate": lambda delivered: torch.full_like(delivered[..., :1, :], math.nan)}
     torch.testing.assert_close(attack(values, context(state=nan)), (mean + offset).expand(2, D))
+
+
+def test_an_attack_must_subclass_the_declared_contract():
+    """Registration and the federation refuse an attack that does not subclass
+    AttackBase, naming it: the engine reads declared attributes, not guesses."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Undeclared:
+        name = "undeclared_test"
+        summary = "no base class"
+        needs = frozenset()
+
+        def __call__(self, messages, context):
+            return messages[..., :1, :]
+
+    with pytest.raises(TypeError, match="undeclared_test.*AttackBase"):
+        attacks.register(Undeclared)
+    from robust_pfl.tasks import SyntheticLinearRegression
+    from robust_pfl.federation import Federation
+
+    task = SyntheticLinearRegression(clusters=2, clients_per_cluster=2).build(0, byzantine_total=1)
+    with pytest.raises(TypeError, match="AttackBase.*got Undeclared"):
+        Federation(task.objective, task.train, task.cluster_ids, task.byzantine, 0, None, Undeclared())

@@ -31,7 +31,7 @@ from robust_pfl.data import ClientData
 from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.objectives import linear_regression
 from robust_pfl.tasks import ImageTask, SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -304,7 +304,7 @@ def test_non_finite_or_overflowing_rows_never_crash_or_reach_a_cluster_model(nam
     assert torch.isfinite(algo.client_models()[~task.byzantine]).all()
 
 
-class ProbingAttack:
+class ProbingAttack(AttackBase):
     """Sends the honest rows unchanged and keeps what the defense's probe says the
     clients would receive."""
 

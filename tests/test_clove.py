@@ -26,7 +26,7 @@ from robust_pfl import Federation
 from robust_pfl.metrics import adjusted_rand_index
 from robust_pfl.tasks import SyntheticLinearRegression
 from robust_pfl.tasks.images import ImageTask
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -210,7 +210,7 @@ def test_model_averaging_by_hand_and_reported_losses_on_the_training_set():
 
 
 # -- hostile loss reports --------------------------------------------------------------------
-class ForgedReports:
+class ForgedReports(AttackBase):
     """Replaces the Byzantine loss reports by ``rows`` (cycled over the Byzantine
     clients); every other message is sent honestly."""
 

@@ -26,7 +26,7 @@ from defenses.threshold_clustering import threshold_clustering
 from robust_pfl import Federation, mlp
 from robust_pfl.data import ClientData
 from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -257,7 +257,7 @@ def test_results_do_not_depend_on_the_memory_budget(graph):
     torch.testing.assert_close(runs[0], runs[1], rtol=1e-12, atol=1e-12)
 
 
-class CountingAttack:
+class CountingAttack(AttackBase):
     def __init__(self, inner) -> None:
         self.inner, self.calls = inner, 0
 
@@ -338,7 +338,7 @@ def test_pfl_tc_option_2_sends_x_minus_y_m_over_eta(steps):
     task = clustered_task(0, 2, clusters=2, clients_per_cluster=3)
     seen = []
 
-    class Spy:
+    class Spy(AttackBase):
         def __call__(self, messages, context: AttackContext):
             seen.append((context.kind, messages.clone()))
             return messages[..., context.byzantine, :].clone()

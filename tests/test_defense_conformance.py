@@ -35,7 +35,7 @@ from robust_pfl.objectives import logistic_regression
 from defenses import AGGREGATORS, REGISTRY
 from robust_pfl import Federation, RoundRecord
 from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 ALGORITHMS = sorted(REGISTRY)
 # method case -> (registered algorithm, extra options); plain names map to themselves
@@ -132,7 +132,7 @@ def run(name: str, seed: int = 0, attack=None, byzantine_total: int = BYZANTINE,
     return fed, algo, records
 
 
-class SpyAttack:
+class SpyAttack(AttackBase):
     """Records every call; returns zeros of the required shape."""
 
     def __init__(self) -> None:

@@ -17,7 +17,7 @@ from robust_pfl import Federation
 from robust_pfl.data import ClientData
 from robust_pfl.objectives import linear_regression
 from robust_pfl.tasks import SyntheticLinearRegression, place_clients
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 
 def small_task(seed: int = 0, byzantine_total: int = 2, dtype=torch.float64, **overrides):
@@ -27,11 +27,24 @@ def small_task(seed: int = 0, byzantine_total: int = 2, dtype=torch.float64, **o
     return SyntheticLinearRegression(**spec).build(seed, byzantine_total=byzantine_total, dtype=dtype)
 
 
+class FunctionAttack(AttackBase):
+    """A plain function as an attack (the tests' one-line attacks), with AttackBase's
+    declared defaults."""
+
+    def __init__(self, function) -> None:
+        self.function = function
+
+    def __call__(self, messages, context):
+        return self.function(messages, context)
+
+
 def federation(task, attack=None, seed: int = 0, batch_size: int | None = 3) -> Federation:
+    if attack is not None and not isinstance(attack, AttackBase):
+        attack = FunctionAttack(attack)
     return Federation(task.objective, task.train, task.cluster_ids, task.byzantine, seed, batch_size, attack)
 
 
-class MarkerAttack:
+class MarkerAttack(AttackBase):
     """Byzantine row r (in mask order) becomes ``1000 + r`` in every coordinate, so the
     order of the replacement is visible.  Records the contexts it saw."""
 
@@ -589,7 +602,7 @@ def test_gradients_skip_unread_byzantine_rows_only_when_safe(byzantine_rows, rea
         torch.testing.assert_close(out[byzantine], full[byzantine], rtol=1e-12, atol=1e-12)
 
 
-class _ReverseLabels:
+class _ReverseLabels(AttackBase):
     """A stub data attack: poisons labels, then sends honest rows."""
 
     name = "stub_reverse"

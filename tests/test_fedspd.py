@@ -11,6 +11,8 @@ testbed's own: hostile rows never reach an honest model, and what finite ones do
 
 from __future__ import annotations
 
+from robust_pfl.types import AttackBase
+
 import math
 
 import pytest
@@ -401,7 +403,7 @@ def test_per_receiver_attacks_see_each_receivers_own_centres_and_neighbourhood(n
     _, _, train, _, _, mask = mixture_task(clients=12, byzantine=3)
     seen: list = []
 
-    class Spy:
+    class Spy(AttackBase):
         def __init__(self, inner):
             self.inner = inner
             self.needs = inner.needs

@@ -21,7 +21,7 @@ import defenses
 from robust_pfl import Federation
 from robust_pfl.placement import ByzantinePlacement
 from robust_pfl.tasks.images import ImageTask
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -120,7 +120,7 @@ def test_other_kinds_are_the_payloads_rows():
 
 
 # -- in a federation ----------------------------------------------------------------------------
-class Spy:
+class Spy(AttackBase):
     """A gradient attack (no ``forges_losses``) that records the kinds it is asked for."""
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ from robust_pfl import Federation
 from robust_pfl.graphs import GraphSpec, federation_graph, make_graph
 from robust_pfl.seeding import generator
 from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -51,7 +51,7 @@ def error(data, fed, algo) -> float:
     return float((algo.client_models()[honest] - data.optima[data.cluster_ids[honest]]).pow(2).sum(-1).mean())
 
 
-class Spy:
+class Spy(AttackBase):
     """Forwards to an attack (and its placement) and keeps what it saw and sent."""
 
     def __init__(self, inner) -> None:

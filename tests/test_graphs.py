@@ -15,7 +15,7 @@ from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from robust_pfl import ClientData, Federation
 from robust_pfl.graphs import Graph, GraphSpec, federation_graph, make_graph, place_byzantine
 from robust_pfl.objectives import linear_regression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 KINDS = ["complete", "erdos_renyi", "barabasi_albert", "random_geometric"]
 
@@ -124,7 +124,7 @@ def federation(attack=None, seed: int = 0, byzantine=(5, 6)) -> Federation:
 
 
 @dataclass(frozen=True)
-class PerReceiver:
+class PerReceiver(AttackBase):
     """Sends receiver r the row filled with 100 r + (rank of the Byzantine sender)."""
 
     graph_placement: str = "random"

@@ -26,7 +26,7 @@ from robust_pfl import Federation
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.objectives import DenseNetwork, linear_regression
 from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackContext
+from robust_pfl.types import AttackBase, AttackContext
 
 F64 = torch.float64
 
@@ -261,7 +261,7 @@ def test_admissible_group_mean_drops_hostile_rows_and_is_batched():
 def test_model_averaging_delivers_models_and_exposes_the_aggregate():
     seen = []
 
-    class Probe:
+    class Probe(AttackBase):
         def __call__(self, messages, context: AttackContext):
             aggregate = context.defense_state["aggregate"](messages)
             seen.append((context.kind, tuple(aggregate.shape), context.defense_state["assignment"].tolist()))

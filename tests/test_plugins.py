@@ -27,7 +27,7 @@ PLUGIN = textwrap.dedent('''
 
     @attacks.register
     @dataclasses.dataclass(frozen=True)
-    class PluginScaled:
+    class PluginScaled(attacks.AttackBase):
         """Every Byzantine row: minus ``scale`` times the mean honest message."""
 
         name = "{name}"
