@@ -3,8 +3,9 @@ own (in your tests) what the project's suite runs on every registered attack.
 
 What an attack must do (:class:`robust_pfl.types.Attack`):
 
-* class attributes ``name`` (str), ``summary`` (one line) and ``needs`` (a frozenset
-  of :data:`attacks.NEED_TAGS`), as a frozen dataclass whose fields are its options;
+* subclass :class:`~robust_pfl.types.AttackBase`, with class attributes ``name``
+  (str), ``summary`` (one line) and ``needs`` (a frozenset of
+  :data:`attacks.NEED_TAGS`), as a frozen dataclass whose fields are its options;
 * for messages ``[S, d]`` or ``[M, S, d]`` (float32 or float64) return a new tensor
   ``[..., B, d]`` (``B`` Byzantine senders), same dtype and device, without writing
   into the messages; the same generator seed gives the same rows;
@@ -29,7 +30,7 @@ from torch import Tensor
 
 from attacks.base import NEED_TAGS, describe, reads_messages
 from robust_pfl.conformance import ConformanceError
-from robust_pfl.types import AttackContext, attack_reads_own_rows
+from robust_pfl.types import AttackBase, AttackContext, attack_reads_own_rows
 
 SENDERS, DIM, STACK = 7, 5, 3
 BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
@@ -76,8 +77,11 @@ def check_attack(attack: Any, random: bool | None = None) -> None:
 
 
 def check_metadata(cls: type) -> None:
-    """``name``, a one-line ``summary``, ``needs`` within :data:`NEED_TAGS`, a frozen
-    dataclass, and :func:`attacks.describe` listing its options."""
+    """A subclass of :class:`~robust_pfl.types.AttackBase` with a ``name``, a one-line
+    ``summary``, ``needs`` within :data:`NEED_TAGS`, a frozen dataclass, and
+    :func:`attacks.describe` listing its options."""
+    _require(isinstance(cls, type) and issubclass(cls, AttackBase), cls,
+             "must subclass attacks.AttackBase (it declares what the engine reads of an attack)")
     _require(isinstance(getattr(cls, "name", None), str) and bool(cls.name), cls, "needs a class attribute name")
     summary = getattr(cls, "summary", None)
     _require(isinstance(summary, str) and bool(summary.strip()) and "\n" not in summary, cls,
@@ -155,14 +159,12 @@ def check_fast_paths(attack: Any) -> None:
     strided block, and nothing else."""
     values = messages(STACK, SENDERS, DIM)
     returned = attack(values, context(byzantine=BLOCK, seed=9))
-    write_rows = getattr(type(attack), "write_rows", None)
-    if write_rows is not None and not reads_messages(attack):
+    if attack.write_rows is not None and not reads_messages(attack):
         workspace = values.clone()
         attack.write_rows(workspace[:, 5:], context(byzantine=BLOCK, seed=9))
         _require(identical(workspace[:, 5:], returned) and identical(workspace[:, :5], values[:, :5]), attack,
                  "write_rows wrote other rows than the call returns")
-    write_from = getattr(type(attack), "write_from", None)
-    if write_from is not None and not attack_reads_own_rows(attack):
+    if attack.write_from is not None and not attack_reads_own_rows(attack):
         workspace = values.clone()
         workspace[:, 5:] = math.nan  # never read
         attack.write_from(workspace, workspace[:, 5:], context(byzantine=BLOCK, seed=9))
