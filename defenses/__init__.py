@@ -33,7 +33,7 @@ from defenses.robust_aggregators import (
 from defenses.robust_aggregators import describe as describe_aggregator
 from defenses.robust_aggregators import register as register_aggregator
 from defenses.threshold_clustering import ClusteringResult, nearest_centre, threshold_clustering
-from defenses.conformance import check_aggregator
+from defenses.conformance import check_aggregator, check_algorithm
 
 # Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per  # noqa: E402,F401  isort: skip
@@ -59,6 +59,7 @@ __all__ = [
     "make_aggregator",
     "register_aggregator",
     "check_aggregator",
+    "check_algorithm",
     "describe_aggregator",
     "Mean",
     "CoordinateMedian",

@@ -43,7 +43,8 @@ class Algorithm:
     :meth:`client_models`.  ``forms_clusters`` marks algorithms whose records carry a
     cluster assignment; ``sends_momenta`` those whose clients send momenta, which
     their records carry (``RoundRecord.momenta``, what the ``[theory]`` table's
-    ``momentum`` estimate reads).
+    ``momentum`` estimate reads); ``requires_classification`` those that need a
+    classification task (KNN-Per's vote over labels).
     """
 
     name: ClassVar[str]
@@ -52,6 +53,7 @@ class Algorithm:
     Params: ClassVar[type[AlgorithmParams]] = AlgorithmParams
     forms_clusters: ClassVar[bool] = False
     sends_momenta: ClassVar[bool] = False
+    requires_classification: ClassVar[bool] = False
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
         if not isinstance(params, self.Params):

@@ -1,5 +1,6 @@
-"""Public conformance checks for robust aggregators: :func:`check_aggregator` runs on
-an aggregator of your own what the project's suite runs on every registered one.
+"""Public conformance checks for robust aggregators (:func:`check_aggregator`) and
+algorithms (:func:`check_algorithm`): they run on a class of your own what the
+project's suites run on every registered one.
 
 A robust aggregator (a subclass of :class:`defenses.robust_aggregators.Aggregator`,
 registered with ``defenses.register_aggregator``) maps messages ``[..., N, d]`` (and
@@ -16,13 +17,16 @@ Each failed property raises :class:`robust_pfl.conformance.ConformanceError` nam
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any, ClassVar, Mapping
 
 import torch
 from torch import Tensor
 
 from defenses.robust_aggregators import Aggregator, make_aggregator
 from robust_pfl.conformance import ConformanceError
+from robust_pfl.types import AttackBase, AttackContext, RoundRecord
 
 F64 = torch.float64
 HOSTILE_ROWS = ("nan", "inf", "-inf", "1e38", "large_gradient", "mixed")
@@ -129,3 +133,140 @@ def check_inadmissible_rows_are_absent(agg: Aggregator) -> None:
     kept[[1, 4, 7]] = False
     _require(torch.allclose(agg(x), agg(x[kept]), rtol=1.3e-6, atol=1e-5), agg,
              "an inadmissible row changed the aggregate")
+
+
+# -- algorithms ----------------------------------------------------------------------------------
+# A small federation: 2 clusters of 3 honest clients and 2 Byzantine ones, d = 5.
+_CLUSTERS, _PER_CLUSTER, _BYZANTINE, _DIM = 2, 3, 2, 5
+
+
+def _small_federation(cls: type, seed: int, attack, dtype: torch.dtype = F64):
+    """The synthetic regression (or its two-class twin for an algorithm that needs
+    classes) with the Byzantine clients, batches of 4 of 6 samples."""
+    from robust_pfl.data import ClientData
+    from robust_pfl.federation import Federation
+    from robust_pfl.objectives import logistic_regression
+    from robust_pfl.tasks import SyntheticLinearRegression
+
+    task = SyntheticLinearRegression(clusters=_CLUSTERS, clients_per_cluster=_PER_CLUSTER, dim=_DIM,
+                                     samples_per_client=6, validation_samples=4, test_samples=4,
+                                     scale=10.0).build(seed, byzantine_total=_BYZANTINE, dtype=dtype)
+    if cls.requires_classification:
+        def labels(data):
+            return ClientData(data.inputs, (data.targets > 0).long())
+
+        task = dataclasses.replace(task, objective=logistic_regression(_DIM, 2), train=labels(task.train),
+                                   validation=labels(task.validation), test=labels(task.test), optima=None,
+                                   num_classes=2)
+    return Federation(task.objective, task.train, task.cluster_ids, task.byzantine, seed, 4, attack,
+                      num_classes=task.num_classes)
+
+
+def _options(cls: type, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A small learning rate and a permissive quantile radius where the algorithm has
+    one, then ``options``."""
+    fields = cls.Params.model_fields
+    out: dict[str, Any] = {"lr": 1e-3}
+    if "radius" in fields:
+        out["radius"] = {"policy": "quantile", "q": 0.5}
+    return {**out, **(options or {})}
+
+
+def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = None, rounds: int = 4) -> None:
+    """Check an algorithm (a registered name, or a subclass of
+    :class:`defenses.Algorithm`) on a small federation: shapes of its models and round
+    records, seeded determinism, the federation's data untouched, and hostile Byzantine
+    rows (NaN, Inf, 1e38, large gradients; float32 and float64) never reaching an
+    honest client's model.  ``options`` are passed to its ``Params``.
+
+    Raises:
+        ConformanceError: the first property that fails, named.
+    """
+    from defenses.base import REGISTRY
+
+    cls = REGISTRY[algorithm] if isinstance(algorithm, str) else algorithm
+    chosen = _options(cls, options)
+    check_algorithm_shapes(cls, chosen, rounds)
+    check_algorithm_determinism(cls, chosen, rounds)
+    for name, attack in _hostile_attacks().items():
+        for dtype in (torch.float32, F64):
+            check_algorithm_hostile_rows(cls, chosen, name, attack, dtype, rounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class HostileRows(AttackBase):
+    """Byzantine rows ``value + spread * N(0, 1)`` per coordinate (``spread = 0``: the
+    constant ``value``, NaN and Inf included): the checks' own attack, so that
+    ``defenses`` needs nothing from ``attacks``."""
+
+    name: ClassVar[str] = "conformance_hostile_rows"
+    summary: ClassVar[str] = "constant or large random rows"
+    reads_messages: ClassVar[bool] = False
+    value: float = 1e6
+    spread: float = 0.0
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        shape = (*messages.shape[:-2], int(context.byzantine.sum()), messages.shape[-1])
+        rows = torch.full(shape, self.value, dtype=messages.dtype, device=messages.device)
+        if self.spread:
+            noise = torch.randn(shape, generator=context.generator, dtype=F64, device=context.generator.device)
+            rows = rows + self.spread * noise.to(device=messages.device, dtype=messages.dtype)
+        return rows
+
+
+def _hostile_attacks() -> dict[str, HostileRows]:
+    return {"nan": HostileRows(math.nan), "inf": HostileRows(math.inf), "-inf": HostileRows(-math.inf),
+            "1e38": HostileRows(1e38), "large_gradient": HostileRows(1e6, 200.0)}
+
+
+def _built(cls: type, options: dict[str, Any], seed: int, attack=None, dtype: torch.dtype = F64):
+    federation = _small_federation(cls, seed, attack, dtype)
+    return federation, cls(federation, cls.Params(**options))
+
+
+def check_algorithm_shapes(cls: type, options: dict[str, Any], rounds: int = 4) -> None:
+    """``client_models()`` is ``[N, d]`` in the federation's dtype; ``step(t)`` returns
+    the round's record, per-client tensors ``[N, d]``, an integer ``[N]`` assignment
+    (required when the algorithm ``forms_clusters``)."""
+    federation, algo = _built(cls, options, 0, _hostile_attacks()["large_gradient"])
+    n, d = federation.clients, federation.objective.dim
+    for t in range(rounds):
+        record = algo.step(t)
+        _require(isinstance(record, RoundRecord) and record.round_index == t, algo,
+                 f"step({t}) must return the RoundRecord of round {t}")
+        for name in ("gradients", "momenta", "updates"):
+            value = getattr(record, name)
+            _require(value is None or tuple(value.shape) == (n, d), algo, f"record.{name} must be [N, d]")
+        if record.assignment is not None:
+            _require(tuple(record.assignment.shape) == (n,) and not record.assignment.is_floating_point(), algo,
+                     "record.assignment must be an integer [N]")
+        _require(not cls.forms_clusters or record.assignment is not None, algo,
+                 "forms_clusters, but the record has no assignment")
+        models = algo.client_models()
+        _require(tuple(models.shape) == (n, d) and models.dtype == federation.dtype, algo,
+                 "client_models() must be [N, d] in the federation's dtype")
+
+
+def check_algorithm_determinism(cls: type, options: dict[str, Any], rounds: int = 4) -> None:
+    """The same seed gives bit-identical models; the federation's data are not written."""
+    runs = []
+    for _ in range(2):
+        federation, algo = _built(cls, options, 3, _hostile_attacks()["large_gradient"])
+        before = federation.train.inputs.clone(), federation.train.targets.clone()
+        for t in range(rounds):
+            algo.step(t)
+        _require(torch.equal(federation.train.inputs, before[0]) and torch.equal(federation.train.targets, before[1]),
+                 algo, "wrote into the federation's data")
+        runs.append(algo.client_models().clone())
+    _require(torch.equal(runs[0], runs[1]), cls, "the same seed gave other models")
+
+
+def check_algorithm_hostile_rows(cls: type, options: dict[str, Any], name: str, attack, dtype: torch.dtype,
+                                 rounds: int = 4) -> None:
+    """Byzantine rows of ``attack`` (named ``name``) leave every honest client's model
+    finite, and raise nothing."""
+    federation, algo = _built(cls, options, 0, attack, dtype)
+    for t in range(rounds):
+        algo.step(t)
+    honest = algo.client_models()[~federation.byzantine]
+    _require(bool(torch.isfinite(honest).all()), algo, f"an honest model is not finite under {name} rows ({dtype})")

@@ -401,3 +401,35 @@ def test_sends_momenta_is_declared_exactly_when_records_carry_momenta(name):
     declare ``sends_momenta``: the declaration must match the records."""
     _, _, records = run(name, rounds=2)
     assert all((record.momenta is not None) == REGISTRY[name].sends_momenta for record in records), name
+
+
+# -- the public check (defenses.check_algorithm) -------------------------------------------------
+@pytest.mark.parametrize("name", ALGORITHMS)
+def test_check_algorithm_passes_every_registered_algorithm(name):
+    defenses.check_algorithm(name)
+
+
+class _NaiveMean(defenses.Algorithm):
+    """FedAvg that averages whatever it receives: a NaN row reaches every model."""
+
+    name = "naive_mean_test"
+    summary = "plain mean of the received gradients"
+
+    def __init__(self, federation, params) -> None:
+        super().__init__(federation, params)
+        self.models = federation.init_params(1).expand(federation.clients, -1).clone()
+
+    def step(self, round_index: int) -> RoundRecord:
+        fed = self.federation
+        gradients = fed.gradients(self.models, fed.sample_batch())
+        received = fed.deliver(gradients, round_index, "gradient")
+        self.models -= self.params.lr * received.mean(0)
+        return RoundRecord(round_index)
+
+    def client_models(self) -> torch.Tensor:
+        return self.models
+
+
+def test_check_algorithm_names_a_broken_algorithm_of_ones_own():
+    with pytest.raises(defenses.conformance.ConformanceError, match="honest model is not finite under nan"):
+        defenses.check_algorithm(_NaiveMean)
