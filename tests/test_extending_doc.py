@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import attacks
+import defenses
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -22,7 +23,8 @@ def test_every_block_of_the_extending_page_runs(tmp_path, monkeypatch):
     blocks = BLOCK.findall(PAGE.read_text())
     files = {target: body for _, kind, target, body in blocks if kind == "file"}
     runs = [body for _, kind, _, body in blocks if kind == "run"]
-    assert {"my_attack.py", "test_my_attack.py", "run.toml"} <= set(files) and runs
+    assert {"my_attack.py", "test_my_attack.py", "run.toml", "my_aggregator.py", "test_my_aggregator.py"} <= set(files)
+    assert len(runs) == 2
     for name, body in files.items():
         (tmp_path / name).write_text(body)
     monkeypatch.chdir(tmp_path)
@@ -31,10 +33,16 @@ def test_every_block_of_the_extending_page_runs(tmp_path, monkeypatch):
         namespace: dict = {}
         exec(compile(files["test_my_attack.py"], "test_my_attack.py", "exec"), namespace)
         namespace["test_against_the_mean_meets_the_attack_contract"]()
+        exec(compile(files["test_my_aggregator.py"], "test_my_aggregator.py", "exec"), namespace)
+        namespace["test_median_norm_clip_meets_the_aggregator_contract"]()
+        finals = []
         for body in runs:
             scope: dict = {}
             exec(compile(body, str(PAGE), "exec"), scope)
-            assert set(scope["final"]["method"]) == {"fc", "global"}
+            finals.append(set(scope["final"]["method"]))
+        assert finals[0] == {"fc", "global"} and len(finals[1]) == 1
     finally:
         attacks.REGISTRY.pop("against_the_mean", None)
-        sys.modules.pop("my_attack", None)
+        defenses.AGGREGATORS.pop("median_norm_clip", None)
+        for module in ("my_attack", "my_aggregator"):
+            sys.modules.pop(module, None)
