@@ -27,9 +27,8 @@ from typing import Any
 
 from theory_checks import bounds
 from theory_checks.scaling_clustering import CLUSTERING_BUDGETS, CLUSTERS, SIGMA, two_point_random_start
-from theory_checks.scaling_separated import separated_rate_study
 from theory_checks.statements.false_claims import two_point_constant_check
-from theory_checks.statements.rates import DIVERGENCE_FACTOR, rate_result, separated_note
+from theory_checks.statements.rates import DIVERGENCE_FACTOR, separated_check
 from theory_checks.statements.registry import Budget, register, statement_seed
 from theory_checks.types import CheckResult, Hypothesis
 
@@ -134,8 +133,7 @@ def check_ws_thm2(budget: Budget, seed: int = 0) -> CheckResult:
 )
 def check_ws_thm3(budget: Budget, seed: int = 0) -> CheckResult:
     """PFL-TC on the separated family against eq. (4) with ``C = 1``."""
-    study = separated_rate_study("pfl_tc", budget, seed=seed)
-    return rate_result("ws-thm3", study, separated_note(study))
+    return separated_check("pfl_tc", budget, seed)
 
 
 @register(
@@ -147,6 +145,5 @@ def check_ws_thm3(budget: Budget, seed: int = 0) -> CheckResult:
 )
 def check_ws_thm4(budget: Budget, seed: int = 0) -> CheckResult:
     """PDL-TC on the separated family against Thm 4's bound with ``C = 1``."""
-    study = separated_rate_study("pdl_tc", budget, seed=seed)
-    return rate_result("ws-thm4", study, separated_note(study))
+    return separated_check("pdl_tc", budget, seed)
 
