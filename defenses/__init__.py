@@ -8,7 +8,9 @@ the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clippi
 bucketing) live in :mod:`defenses.robust_aggregators` and plug into ``global``.
 """
 
-from defenses.base import REGISTRY, Algorithm, AlgorithmParams, HeavyBall, build, register
+from defenses.base import REGISTRY, Algorithm, AlgorithmParams, build, register
+from defenses.conformance import check_aggregator, check_algorithm
+from defenses.optimiser import HeavyBall
 from defenses.radius import (
     CenterDistanceRadius,
     FixedRadius,
@@ -32,8 +34,11 @@ from defenses.robust_aggregators import (
 )
 from defenses.robust_aggregators import describe as describe_aggregator
 from defenses.robust_aggregators import register as register_aggregator
-from defenses.threshold_clustering import ClusteringResult, nearest_centre, threshold_clustering
-from defenses.conformance import check_aggregator, check_algorithm
+from defenses.threshold_clustering import (
+    ClusteringResult,
+    nearest_centre,
+    threshold_clustering,
+)
 
 # Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per  # noqa: E402,F401  isort: skip

@@ -9,8 +9,11 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, group_mean, register
+from defenses.base import Algorithm, AlgorithmParams, register
+from defenses.optimiser import HeavyBall
+from defenses.primitives import group_mean
 from defenses.robust_aggregators import make_aggregator
+from defenses.round_buffers import RoundBuffers
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 

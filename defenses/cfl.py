@@ -51,9 +51,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register, run_local_steps
-from defenses.ifca import admissible_group_mean
-from defenses.threshold_clustering import admissible_points
+from defenses.base import Algorithm, AlgorithmParams, register
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_group_mean, admissible_points
+from defenses.round_buffers import RoundBuffers, run_local_steps
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
@@ -228,7 +229,12 @@ def bipartition(updates: Tensor, method: Literal["single", "complete"] = "single
     similarity = cosine_similarities(updates)
     distance = np.clip(1.0 - similarity, 0.0, 2.0)
     np.fill_diagonal(distance, 0.0)
-    from scipy.cluster.hierarchy import linkage, to_tree  # imported when a split happens: 0.2 s
+    # scipy's clustering is slow to import, so it is imported when a split happens
+    # (benchmarks/README.md, "Kernel choices")
+    from scipy.cluster.hierarchy import (
+        linkage,
+        to_tree,
+    )
     from scipy.spatial.distance import squareform
 
     tree = to_tree(linkage(squareform(distance, checks=False), method=method))

@@ -58,10 +58,15 @@ from pydantic import ConfigDict, Field, model_validator
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register
-from defenses.ifca import admissible_group_mean
+from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.kmeans_init import KMeansResult, kmeans
-from defenses.threshold_clustering import admissible_points, euclidean_distances
+from defenses.optimiser import HeavyBall
+from defenses.primitives import (
+    admissible_group_mean,
+    admissible_points,
+    euclidean_distances,
+)
+from defenses.round_buffers import RoundBuffers
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 

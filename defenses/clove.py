@@ -35,10 +35,12 @@ from pydantic import Field, model_validator
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
 
-from defenses.base import AlgorithmParams, HeavyBall, LocalStart, register, run_local_steps
-from defenses.ifca import _ClusterChoice, lowest_reported
+from defenses.base import AlgorithmParams, register
+from defenses.ifca import ClusterChoice, lowest_reported
 from defenses.kmeans_init import kmeans
-from defenses.threshold_clustering import admissible_points
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_points
+from defenses.round_buffers import LocalStart, run_local_steps
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
@@ -91,7 +93,7 @@ class CLoVEParams(AlgorithmParams):
 
 
 @register
-class CLoVE(_ClusterChoice):
+class CLoVE(ClusterChoice):
     """CLoVE (Alg. 1): loss-vector embeddings, k-means (or agglomerative) clustering,
     min-cost matching of clusters to models, per-cluster model or gradient averaging.
 
@@ -238,7 +240,12 @@ def agglomerative(points: Tensor, k: int, method: str = "ward") -> Tensor:
     n = points.shape[0]
     if n <= k:
         return torch.arange(n, device=points.device)
-    from scipy.cluster.hierarchy import fcluster, linkage  # only for this option: 0.2 s to import
+    # scipy's clustering is slow to import, so only this option imports it
+    # (benchmarks/README.md, "Kernel choices")
+    from scipy.cluster.hierarchy import (
+        fcluster,
+        linkage,
+    )
 
     tree = linkage(points.double().cpu().numpy(), method=method)
     labels = fcluster(tree, t=k, criterion="maxclust") - 1

@@ -12,6 +12,12 @@ optionally the previous aggregate and a generator) to ``[..., d]`` and must:
 * treat NaN, Inf and overflowing rows as absent, and return the previous aggregate
   (if finite) or zeros where no row is admissible.
 
+An algorithm (a subclass of :class:`defenses.Algorithm`, registered with
+``defenses.register``) must give ``[N, d]`` models and a record per round, the same
+models for the same seed, leave the federation's data unwritten, keep every honest
+model finite under such rows, and survive a checkpoint: pickled after some rounds and
+restored, it continues bit for bit as the uninterrupted run does.
+
 Each failed property raises :class:`robust_pfl.conformance.ConformanceError` naming it.
 """
 
@@ -177,7 +183,8 @@ def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = N
     :class:`defenses.Algorithm`) on a small federation: shapes of its models and round
     records, seeded determinism, the federation's data untouched, and hostile Byzantine
     rows (NaN, Inf, 1e38, large gradients; float32 and float64) never reaching an
-    honest client's model.  ``options`` are passed to its ``Params``.
+    honest client's model, and a checkpoint round trip.  ``options`` are passed to its
+    ``Params``.
 
     Raises:
         ConformanceError: the first property that fails, named.
@@ -188,6 +195,7 @@ def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = N
     chosen = _options(cls, options)
     check_algorithm_shapes(cls, chosen, rounds)
     check_algorithm_determinism(cls, chosen, rounds)
+    check_algorithm_checkpoint(cls, chosen, rounds)
     for name, attack in _hostile_attacks().items():
         for dtype in (torch.float32, F64):
             check_algorithm_hostile_rows(cls, chosen, name, attack, dtype, rounds)
@@ -270,3 +278,39 @@ def check_algorithm_hostile_rows(cls: type, options: dict[str, Any], name: str, 
         algo.step(t)
     honest = algo.client_models()[~federation.byzantine]
     _require(bool(torch.isfinite(honest).all()), algo, f"an honest model is not finite under {name} rows ({dtype})")
+
+
+def check_algorithm_checkpoint(cls: type, options: dict[str, Any], rounds: int = 4) -> None:
+    """Saved after ``rounds // 2`` rounds as the engine saves it (a pickle naming the
+    federation's data instead of storing them, with the global random states) and
+    restored, the algorithm's remaining rounds give bit-identical models."""
+    import tempfile
+    from pathlib import Path
+
+    from robust_pfl.checkpoint import (
+        global_random_state,
+        load_checkpoint,
+        restore_global_random_state,
+        save_checkpoint,
+        shared_objects,
+    )
+
+    federation, algo = _built(cls, options, 5, _hostile_attacks()["large_gradient"])
+    half = rounds // 2
+    for t in range(half):
+        algo.step(t)
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "conformance.ckpt"
+        shared = shared_objects({"train": federation.train})
+        save_checkpoint(path, half, "conformance", {"algorithm": algo, "random": global_random_state()}, shared)
+        for t in range(half, rounds):
+            algo.step(t)
+        uninterrupted = algo.client_models().clone()
+        _, state = load_checkpoint(path, "conformance", lambda done: shared)
+    restore_global_random_state(state["random"])
+    restored = state["algorithm"]
+    _require(type(restored) is type(algo), algo, "the checkpoint restored another class")
+    for t in range(half, rounds):
+        restored.step(t)
+    _require(torch.equal(restored.client_models(), uninterrupted), algo,
+             "a checkpoint does not round-trip: the restored run's models differ from the uninterrupted run's")

@@ -27,9 +27,15 @@ from pydantic import Field
 from torch import Tensor
 
 from defenses.ball_membership import inside_ball
-from defenses.base import Algorithm, HeavyBall, register
-from defenses.clustering_algorithms import ClusteringParams, MomentumClustering, MomentumClusteringParams
+from defenses.base import Algorithm, register
+from defenses.clustering_algorithms import (
+    ClusteringParams,
+    MomentumClustering,
+    MomentumClusteringParams,
+)
 from defenses.graph_rounds import received_from_neighbours
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_points, euclidean_distances
 from defenses.radius import (
     OFFICIAL_QUANTILE_FACTOR,
     FixedRadius,
@@ -39,12 +45,7 @@ from defenses.radius import (
     TheoryRadius,
     make_radius,
 )
-from defenses.threshold_clustering import (
-    ClusteringResult,
-    admissible_points,
-    euclidean_distances,
-    threshold_clustering,
-)
+from defenses.threshold_clustering import ClusteringResult, threshold_clustering
 from robust_pfl.devices import memory_budget_mb
 from robust_pfl.federation import Federation
 from robust_pfl.graphs import Graph, GraphSpec, federation_graph

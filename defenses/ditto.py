@@ -3,12 +3,14 @@ model per client pulled towards it."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
 import torch
+from pydantic import ConfigDict, Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, RoundBuffers, register
+from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.fedavg_step import FedAvgModel
+from defenses.optimiser import HeavyBall
+from defenses.round_buffers import RoundBuffers
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from defenses.base import HeavyBall, RoundBuffers
+from defenses.optimiser import HeavyBall
 from defenses.robust_aggregators import make_aggregator
+from defenses.round_buffers import RoundBuffers
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 

@@ -26,14 +26,15 @@ from pydantic import Field
 from torch import Tensor
 from torch.func import vmap
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
+from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
-from defenses.threshold_clustering import admissible_points
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_points
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.devices import memory_budget_mb, same_device
 from robust_pfl.federation import Federation
 from robust_pfl.graphs import Graph, GraphSpec, MixingRule, federation_graph
-from robust_pfl.objectives import Objective, _loss_from_outputs
+from robust_pfl.objectives import Objective, loss_from_outputs
 from robust_pfl.types import RoundRecord
 
 
@@ -464,7 +465,7 @@ def per_sample_losses(objective: Objective, params: Tensor, data: ClientData) ->
     kind = getattr(objective, "loss_kind", None)
     if kind is not None:
         outputs = objective.paired_outputs(params, data)
-        return _loss_from_outputs(outputs, data.targets, kind)
+        return loss_from_outputs(outputs, data.targets, kind)
 
     def one_point(row: Tensor, x: Tensor, y: Tensor) -> Tensor:
         return objective.loss(row, x.unsqueeze(0), y.unsqueeze(0))

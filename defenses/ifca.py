@@ -20,8 +20,10 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, LocalStart, RoundBuffers, register, run_local_steps
-from defenses.threshold_clustering import admissible_points
+from defenses.base import Algorithm, AlgorithmParams, register
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_group_mean, admissible_points
+from defenses.round_buffers import LocalStart, RoundBuffers, run_local_steps
 from robust_pfl.data import Batch
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
@@ -35,7 +37,7 @@ class IFCAModelAveragingParams(IFCAParams):
     local_steps: int = Field(5, ge=1, description="local SGD steps from the picked model per round (tau)")
 
 
-class _ClusterChoice(Algorithm):
+class ClusterChoice(Algorithm):
     """What both IFCA options share: K models, the lowest-loss choice, the server's
     per-cluster mean of the admissible messages, the round record and the personalised
     models.  Subclasses define :meth:`step`."""
@@ -92,7 +94,7 @@ class _ClusterChoice(Algorithm):
 
 
 @register
-class IFCA(_ClusterChoice):
+class IFCA(ClusterChoice):
     """IFCA with gradient averaging (Ghosh et al., Alg. 1 Option I).
 
     Model k moves by the mean of the admissible received gradients (finite squared
@@ -124,7 +126,7 @@ class IFCA(_ClusterChoice):
 
 
 @register
-class IFCAModelAveraging(_ClusterChoice):
+class IFCAModelAveraging(ClusterChoice):
     """IFCA with model averaging (Ghosh et al., Alg. 1 Option II).
 
     Each round every client picks its lowest-loss model on the round's batch and runs
@@ -174,17 +176,3 @@ def lowest_reported(reported: Tensor, previous: Tensor) -> Tensor:
     finite = torch.isfinite(reported)
     masked = torch.where(finite, reported, torch.full_like(reported, float("inf")))
     return torch.where(finite.any(-1), masked.argmin(dim=-1), previous.to(reported.device))
-
-
-def admissible_group_mean(messages: Tensor, groups: Tensor, count: int) -> tuple[Tensor, Tensor]:
-    """Mean of the admissible rows of ``messages[..., N, d]`` within each group id in
-    ``[0, count)``: ``(means[..., count, d], sizes[..., count])``, ``sizes`` counting
-    admissible rows only; groups without one get a zero mean.  Batched over leading
-    dimensions (an attack's probe), unlike ``group_mean``'s ``include``."""
-    admissible = admissible_points(messages)  # [..., N]
-    onehot = torch.nn.functional.one_hot(groups, count).to(messages.dtype).T  # [count, N]
-    weights = onehot * admissible.unsqueeze(-2).to(messages.dtype)  # [..., count, N]
-    # a zeroed copy only when a row is inadmissible (0 * NaN would leak into the sums)
-    clean = messages if bool(admissible.all()) else torch.where(admissible.unsqueeze(-1), messages, 0.0)
-    sizes = weights.sum(-1)
-    return (weights @ clean) / sizes.clamp_min(1).unsqueeze(-1), sizes

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from defenses.base import group_mean
-from defenses.row_reads import _scratch
-from defenses.threshold_clustering import admissible_points, euclidean_distances
+from defenses.primitives import admissible_points, euclidean_distances, group_mean
+from defenses.row_reads import scratch
 
 
 def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
@@ -59,7 +58,7 @@ def _squared_distances(points: Tensor, rows: Tensor | None, centre: Tensor) -> T
     dim = points.shape[-1]
     step = max(2, _BLOCK_BYTES // (8 * max(dim, 1)))
     out = torch.empty(count, dtype=torch.float64, device=points.device)
-    buffer = _scratch("kmeans++", (min(step, count), dim), centre)
+    buffer = scratch("kmeans++", (min(step, count), dim), centre)
     for start in range(0, count, step):
         stop = min(start + step, count)
         # never a one-row block (unless there is one row): torch sums a lone row split

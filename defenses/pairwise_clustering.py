@@ -37,8 +37,8 @@ after all (a radius of its size), the rounds are run again from all products.
 Centres stored just ahead of the points: when the centres' rows lie in the same
 buffer directly before the points' rows (Momentum-Clustering keeps a free slot for its
 warm-started centres there), the products ``P`` come out of the same matmul as
-``G``, over ``K + N`` rows, instead of a second pass over the points (56 rows: about
-8 ms against about 9 ms for 52 rows and a ``[52, d] x [d, 4]`` product).
+``G``, over ``K + N`` rows, instead of a second pass over the points, which is
+cheaper than a product of its own (benchmarks/README.md, "Kernel choices").
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from defenses.ball_membership import (
     warn_decided_by_rounding,
 )
 from defenses.radius import RadiusPolicy
-from defenses.row_reads import _rowdot, _weighted_rows
+from defenses.row_reads import rowdot, weighted_rows
 from robust_pfl.devices import engine, same_device
 
 
@@ -90,8 +90,8 @@ def pairwise_products(z: Tensor, centres: Tensor, index: Tensor | None = None) -
     :func:`_near_block`; e.g. 1e6-sized attack rows) get only their squared norms:
     their products with the other rows and the centres are below the rounding of
     their own squared norms, so the ``N^2 d`` product shrinks to the near block's
-    (52 of 64 rows of d = 159,010: 7.0-8.0 against 8.7-10.2 ms per problem, 13 at once)."""
-    start_norms = _rowdot(centres, centres)  # [B, K]
+    (benchmarks/README.md, "Kernel choices")."""
+    start_norms = rowdot(centres, centres)  # [B, K]
     if z.numel() == 0 or centres.shape[1] == 0:  # no rows to leave out, no reach to bound
         return PairwiseProducts(*_all_products(z, centres, index), start_norms)
     lo, hi = _near_block(z, start_norms.amax(-1))
@@ -132,7 +132,8 @@ def _all_products(z: Tensor, centres: Tensor, index: Tensor | None) -> tuple[Ten
         return gram, None
     if joined is not None:
         return gram, lead
-    # [N, d] x [d, K] streams the points; [K, d] x [d, N] was measured 1.9x slower
+    # [N, d] x [d, K] streams the points; [K, d] x [d, N] is slower
+    # (benchmarks/README.md, "Kernel choices")
     return gram, torch.bmm(z, centres.transpose(1, 2)).transpose(1, 2)
 
 
@@ -141,13 +142,12 @@ def _gram_and_leading_rows(rows: Tensor, n: int) -> tuple[Tensor, Tensor]:
     ``rows[B, R, d]`` with each other, and of the leading ``R - n`` rows with them.
 
     On the CPU, MKL's float32 product costs about the same for any number of columns
-    within a multiple of 16 (for 52 rows of d = 159,010: 4.6 ms for 32 columns,
-    5.5-5.6 for 40 and 48, 6.7 for 52, 56 and 64), so the first ``n mod 16`` columns
+    within a multiple of 16, so the first ``n mod 16`` columns
     (:func:`_unaligned_columns`) are taken apart and the others, a multiple of 16,
     go in one product with all rows; the first columns' products with the rows up to
-    them take a small product, and the rest follows by symmetry.  Per problem, 5.96
-    against 6.99 ms for 13 problems of 52 rows, 6.9 against 7.8 ms for 4 + 52 rows,
-    1.3 against 2.2 ms for 13 of 19 rows."""
+    them take a small product, and the rest follows by symmetry.  For FC's and MC's
+    shapes the split costs less than one product (benchmarks/README.md,
+    "Kernel choices" and "The Gram product's cost by column count")."""
     lead = rows.shape[1] - n
     points = rows[:, lead:]
     split = _unaligned_columns(n, rows.device)
@@ -245,9 +245,9 @@ def _negligible(squared_norms: Tensor, reach: Tensor, dtype: torch.dtype) -> Ten
 
 def _squared_lengths(rows: Tensor) -> Tensor:
     """``||row||^2`` over the last axis.  ``vector_norm`` reads strided rows (a block
-    of a larger ``[B, N, d]``) in place: 0.27 ms per problem for 12 rows of 159,010,
-    where :func:`defenses.row_reads._rowdot`, whose reshape copies such rows, took
-    5.9 ms.  Relative error 2e-5 on 1e6-sized rows."""
+    of a larger ``[B, N, d]``) in place, where :func:`defenses.row_reads.rowdot`'s
+    reshape copies such rows first, at many times the cost (benchmarks/README.md,
+    "Kernel choices").  Relative error 2e-5 on 1e6-sized rows."""
     return torch.linalg.vector_norm(rows, dim=-1).square()
 
 
@@ -318,7 +318,7 @@ class _Combination:
 
     def centres(self, z: Tensor, v0: Tensor) -> Tensor:
         """The coordinates, from ``v0`` and the rows with a non-zero weight."""
-        return _weighted_rows(self.weights, z).addcmul_(self.scale.unsqueeze(-1), v0)
+        return weighted_rows(self.weights, z).addcmul_(self.scale.unsqueeze(-1), v0)
 
 
 def run_pairwise(

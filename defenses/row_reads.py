@@ -16,14 +16,14 @@ from torch import Tensor
 from robust_pfl.devices import engine
 
 # Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
-# multi-MB tensor page-faults on every call (an ~8 MB gather buffer measured 1.6 ms
-# against 0.14 ms for 12 rows; four [1, 4, 159,010] working vectors of MC's
-# clustering about 2 ms a call).  Only tensors that never leave a call live here, and
-# no call runs inside another in the same thread (radius policies never cluster).
+# multi-MB tensor page-faults on every call, which costs several times the work done
+# in it (benchmarks/README.md, "Kernel choices").  Only tensors that never leave a
+# call live here, and no call runs inside another in the same thread (radius policies
+# never cluster).
 _SCRATCH = threading.local()
 
 
-def _scratch(role: str, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
+def scratch(role: str, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Tensor:
     """An uninitialised ``shape`` tensor of ``like``'s dtype and device, the same
     memory on every call with this ``role`` in this thread."""
     buffers = _SCRATCH.__dict__.setdefault("buffers", {})
@@ -45,7 +45,7 @@ def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
     return order, order + offsets.view(-1, *([1] * (order.dim() - 1)))
 
 
-def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
+def row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     """``<z_{b,j}, vectors_{b,k}>`` as ``[B, K, N]`` for the rows with ``rows[b, j]``
     (other entries are zero).  Only the chosen rows are read: they are gathered, in
     problem order, in blocks of about ``_BLOCK_BYTES`` into one reused buffer, and each
@@ -64,7 +64,7 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     flat_index = problem * n + row
     columns = vectors.reshape(batch * k, dim).transpose(0, 1)  # [d, B K]
     block = _block_rows(z)
-    buffer = _scratch("gather", (min(block, count), dim), z)
+    buffer = scratch("gather", (min(block, count), dim), z)
     picked = z.new_empty(count, k)  # <z_j, vectors_k> of every chosen row
     if batch > 1:
         local = problem.unsqueeze(1) * k + torch.arange(k, device=z.device)  # its columns
@@ -82,7 +82,7 @@ def _row_products(z: Tensor, rows: Tensor, vectors: Tensor) -> Tensor:
     return out
 
 
-# Rows of ``z`` per block in :func:`_blocked_product` and :func:`_row_products`: about
+# Rows of ``z`` per block in :func:`_blocked_product` and :func:`row_products`: about
 # 8 MB, so a block stays in cache while it is used (the blocked engine).  An
 # accelerator's batched engine takes blocks of up to 256 MB instead: its kernels need
 # work of that size to amortise their launch, and its memory holds them.
@@ -99,9 +99,10 @@ def _block_rows(z: Tensor) -> int:
 def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
     """``weights[B, K, N] @ z[B, N, d]`` accumulated over blocks of rows of ``z``.
 
-    With few centres ``K`` the single product was measured 1.7x slower (MKL streams
-    ``z`` poorly for a ``[K, N] x [N, d]`` shape with tiny ``K``); blocks of ~8 MB of
-    rows run near memory bandwidth.  The loop is over row blocks, not clients."""
+    With few centres ``K`` the single product is slower (MKL streams ``z`` poorly for
+    a ``[K, N] x [N, d]`` shape with tiny ``K``); blocks of ~8 MB of rows run near
+    memory bandwidth (benchmarks/README.md, "Kernel choices").  The loop is over row
+    blocks, not clients."""
     n = z.shape[1]
     rows = n if engine(z.device) == "batched" else _block_rows(z)
     if rows >= n:
@@ -112,29 +113,30 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
     return out
 
 
-def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+def rowdot(a: Tensor, b: Tensor) -> Tensor:
     """``<a_k, b_k>`` over the last dimension, shaped ``a.shape[:-1]`` (with ``a = b``:
     the squared norms of :func:`defenses.threshold_clustering.squared_norms`).  One
     batched ``[1, d] x [d, 1]`` product per row, with ``b``'s rows as transposed
     ``[1, d]`` views.  MKL sums that layout in blocks: relative error 1.2e-5 against
     float64 on ``1e6 + 200 randn`` rows of 159,010, where ``einsum`` (and the same
     product with ``b`` as ``[d, 1]`` columns) summed to 1.7e-3, past the rounding slack
-    of the inner-product evaluations; and 1.7-2.2 against 5.0-5.3 ms for 52 such
-    pairs.  ``linalg.vecdot`` multiplies into a
-    fresh ``[B, K, d]`` tensor first (page faults: measured 2-5x slower in a round)."""
+    of the inner-product evaluations; and it is faster too.  ``linalg.vecdot``
+    multiplies into a fresh ``[B, K, d]`` tensor first, whose page faults make it
+    slower (benchmarks/README.md, "Kernel choices")."""
     count, d = math.prod(a.shape[:-1]), a.shape[-1]  # not -1: ambiguous when d = 0
     rows = torch.bmm(a.reshape(count, 1, d), b.reshape(count, 1, d).transpose(1, 2))
     return rows.reshape(a.shape[:-1])
 
 
-def _weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
+def weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
     """``weights[B, K, N] @ z[B, N, d]``.  When few weights are non-zero, only those
     rows are read, in place, by ``embedding_bag`` (a weighted sum of rows per bag,
     without copying them); otherwise one product streams all of ``z``.
 
-    Measured on d = 159,010, N = 250: 4 rows 0.15 ms (0.7 ms by a gather and a
-    product), 4 bags of 60 rows 5.5 ms (13 ms by the blocked product), but 200 rows in
-    one bag 9.9 ms against 6.6 ms for one product over all rows."""
+    Reading a few rows in place beats gathering them and beats the blocked product,
+    but a single bag of most of the rows is slower than one product over all of them:
+    hence the switch on the share of non-zero weights
+    (benchmarks/README.md, "Kernel choices")."""
     batch, n, dim = z.shape
     k = weights.shape[1]
     nonzero = weights != 0

@@ -24,7 +24,6 @@ Checkpoints are pickles: load only checkpoints you wrote.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
@@ -40,10 +39,18 @@ import torch
 
 from robust_pfl.config import ConfigError, ExperimentConfig, MethodConfig
 from robust_pfl.objectives import Objective
-from robust_pfl.results import _stage
+from robust_pfl.results import remove_stale_temporaries, staged_file
 
 #: Bumped whenever what a checkpoint holds changes; older checkpoints are then refused.
 FORMAT_VERSION = 1
+
+#: Classes a checkpoint may name by a module they have since left: ``(module, name)``
+#: as pickled -> where it lives now, so that a checkpoint written before a move loads.
+MOVED_CLASSES: dict[tuple[str, str], tuple[str, str]] = {
+    ("defenses.base", "HeavyBall"): ("defenses.optimiser", "HeavyBall"),
+    ("defenses.base", "RoundBuffers"): ("defenses.round_buffers", "RoundBuffers"),
+    ("defenses.base", "LocalStart"): ("defenses.round_buffers", "LocalStart"),
+}
 
 #: Config fields that never change a run's trajectory: the method and seed are given
 #: on their own, and the checkpoint interval only decides when the state is written.
@@ -154,6 +161,7 @@ def load_checkpoint(
                 return self.check
             if module == __name__ and name == "_shared":
                 return self.resolve
+            module, name = MOVED_CLASSES.get((module, name), (module, name))
             return super().find_class(module, name)
 
         def check(self, format_version: int, fingerprint: str, round_index: int) -> int:
@@ -197,7 +205,7 @@ def remove_checkpoint(path: Path) -> None:
     """Remove the checkpoint at ``path`` and any temporary file a killed save left."""
     path = Path(path)
     path.unlink(missing_ok=True)
-    _remove_stale_temporaries(path)
+    remove_stale_temporaries(path)
 
 
 class _Header:
@@ -239,8 +247,7 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
 
-    _remove_stale_temporaries(path)
-    os.replace(_stage(path, synced), path)
+    os.replace(staged_file(path, synced), path)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -248,8 +255,3 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
         os.close(directory)
 
 
-def _remove_stale_temporaries(path: Path) -> None:
-    """Temporary files of ``path`` left by a save that was killed (one run writes a
-    checkpoint at a time, so none is in use)."""
-    for stale in path.parent.glob(f"{glob.escape(f'.{path.name}.')}*"):  # results._stage's names
-        stale.unlink(missing_ok=True)

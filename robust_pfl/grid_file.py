@@ -30,7 +30,7 @@ from typing import Any, Iterator, Sequence, get_origin
 import torch
 from pydantic import BaseModel
 
-from robust_pfl.config import ConfigError, ExperimentConfig, _models_in, parse_config
+from robust_pfl.config import ConfigError, ExperimentConfig, models_in, parse_config
 from robust_pfl.plugins import load_plugins, with_resolved_paths
 from robust_pfl.registry import did_you_mean
 
@@ -309,7 +309,7 @@ def _unknown_field(path: tuple[str, ...]) -> str | None:
                 allowed = sorted({*allowed, METHOD, SEED} - {"methods", "seeds"})
             where = ".".join(path[: depth + 1])
             return f"unknown field {where!r}{did_you_mean(part, allowed)}; allowed here: {allowed}"
-        inner = [model for info in fields for model in _models_in(info.annotation)]
+        inner = [model for info in fields for model in models_in(info.annotation)]
         if not inner:
             if depth + 1 < len(path) and not any(get_origin(info.annotation) is dict for info in fields):
                 return f"{'.'.join(path[: depth + 1])!r} is a value, not a table"

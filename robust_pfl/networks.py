@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from robust_pfl.objectives import DenseNetwork, Objective, _loss_from_outputs
+from robust_pfl.objectives import DenseNetwork, Objective, loss_from_outputs
 from robust_pfl.registry import did_you_mean
 
 ClassificationLoss = Literal["cross_entropy", "softmax_nll"]
@@ -145,7 +145,7 @@ class ModuleObjective(Objective):
 
     def loss(self, params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
         out = self.outputs(params, inputs)
-        return _loss_from_outputs(out, targets, self.loss_kind).mean()
+        return loss_from_outputs(out, targets, self.loss_kind).mean()
 
     def init(self, count: int, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
         """``count`` draws of the module's own default initialisation.

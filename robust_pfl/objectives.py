@@ -260,7 +260,7 @@ class DenseNetwork(Objective):
 
     def loss(self, params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
         out = self.outputs(params, inputs)
-        return _loss_from_outputs(out, targets, self.loss_kind).mean()
+        return loss_from_outputs(out, targets, self.loss_kind).mean()
 
     # -- batched fast path -------------------------------------------------------------
     def paired_gradients(
@@ -288,7 +288,7 @@ class DenseNetwork(Objective):
         y = batch.targets.reshape(1, n * b, *batch.targets.shape[2:]).expand(
             out.shape[0], *batch.targets.reshape(n * b, *batch.targets.shape[2:]).shape
         )
-        per_sample = _loss_from_outputs(out, y, self.loss_kind)
+        per_sample = loss_from_outputs(out, y, self.loss_kind)
         return per_sample.reshape(out.shape[0], n, b).mean(-1)
 
     # A row costs a few activation vectors: evaluate many clients' samples per pass.
@@ -389,15 +389,15 @@ def _weight_gradients(
 
     ``dz[M, c, b, out]``; ``a_prev[M or 1, c, b, in]``.  When the layer input is shared
     by all models (the first layer of a cross evaluation), one ``bmm`` per model row,
-    each batched over its clients, avoids materialising ``M`` copies of the input:
-    measured 4x faster than a broadcast ``matmul`` on CPU.  Otherwise one ``bmm`` per
-    block of (model, client) pairs.  Either way the products land in a reused scratch
-    block of about ``_CACHE_BLOCK_BYTES`` and are copied from cache into the strided
-    ``out`` (MLP 784-200-10, 200 clients: 17 ms against 23 ms for one product into a
-    full-size scratch and one copy).  A fresh result per call page-faults (measured
-    2.5x slower); writing straight into the strided ``out`` (``bmm(out=...)``, in-place
-    ``baddbmm_``) was measured slower too: it leaves MKL's batched path.  The loops are
-    over cache-sized blocks, not over clients.
+    each batched over its clients, avoids materialising ``M`` copies of the input,
+    which a broadcast ``matmul`` on CPU does at several times the cost.  Otherwise one
+    ``bmm`` per block of (model, client) pairs.  Either way the products land in a
+    reused scratch block of about ``_CACHE_BLOCK_BYTES`` and are copied from cache into
+    the strided ``out``, cheaper than one product into a full-size scratch and one
+    copy.  A fresh result per call page-faults; writing straight into the strided
+    ``out`` (``bmm(out=...)``, in-place ``baddbmm_``) is slower too: it leaves MKL's
+    batched path.  The loops are over cache-sized blocks, not over clients (the
+    measurements: benchmarks/README.md, "Kernel choices").
 
     On an accelerator (the batched engine of :func:`robust_pfl.devices.engine`) see
     :func:`_weight_gradients_batched`.
@@ -469,7 +469,8 @@ def _weight_gradients_batched(dz: Tensor, a_prev: Tensor, out: Tensor) -> None:
 
 
 # Scratch block of :func:`_weight_gradients`: products of this size stay in the
-# last-level cache until they are copied out (6 MB: measured best among 2.5-30 MB).
+# last-level cache until they are copied out (the size chosen by measurement:
+# benchmarks/README.md, "Kernel choices").
 _CACHE_BLOCK_BYTES = 6 << 20
 
 
@@ -492,7 +493,7 @@ def _regression_targets(out: Tensor, targets: Tensor) -> Tensor:
     return targets if targets.dim() == out.dim() else targets.unsqueeze(-1)
 
 
-def _loss_from_outputs(out: Tensor, targets: Tensor, kind: LossKind) -> Tensor:
+def loss_from_outputs(out: Tensor, targets: Tensor, kind: LossKind) -> Tensor:
     """Per-sample loss (last dimension of ``out`` is the output layer)."""
     if kind == "mse":
         return 0.5 * (out - _regression_targets(out, targets)).pow(2).sum(-1)
@@ -504,7 +505,7 @@ def _loss_from_outputs(out: Tensor, targets: Tensor, kind: LossKind) -> Tensor:
 
 
 def _output_gradient(out: Tensor, targets: Tensor, kind: LossKind) -> Tensor:
-    """d(per-sample loss)/d(out), matching :func:`_loss_from_outputs`."""
+    """d(per-sample loss)/d(out), matching :func:`loss_from_outputs`."""
     if kind == "mse":
         return out - _regression_targets(out, targets)
     p = torch.softmax(out, dim=-1)

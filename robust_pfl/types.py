@@ -6,6 +6,7 @@ packages ``attacks`` and ``defenses`` implement them and never import each other
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, runtime_checkable
 
@@ -45,7 +46,7 @@ class AttackContext:
     defense_state: Mapping[str, Any] = field(default_factory=dict)
 
 
-class AttackBase:
+class AttackBase(ABC):
     """The base class of every attack: what the engine reads of one, each declared here
     with its default (a subclass overrides a class attribute, or a property where an
     option decides).  Subclass it as a frozen dataclass whose fields are the options.
@@ -79,9 +80,22 @@ class AttackBase:
     write_from: ClassVar[Callable[..., None] | None] = None
     poison: ClassVar[Callable[[Tensor, int], Tensor] | None] = None
 
+    @abstractmethod
     def __call__(self, messages: Tensor, context: "AttackContext") -> Tensor:
-        """The Byzantine rows ``[..., B, d]`` for the honest messages ``[..., N, d]``."""
-        raise NotImplementedError
+        """The Byzantine rows of one delivery.
+
+        Args:
+            messages: ``[..., S, d]``, every sender's message as an honest client would
+                have sent it (Byzantine senders' rows included; with
+                ``reads_own_rows = False`` those rows may be anything).  Never modify it.
+            context: the round, the Byzantine mask over the ``S`` senders, the clusters,
+                a seeded generator and what an adaptive attack may see of the defense.
+
+        Returns:
+            ``[..., B, d]`` with ``B = context.byzantine.sum()``: the Byzantine rows in
+            the order of ``context.byzantine.nonzero()``.  They may be anything, NaN
+            and Inf included: defenses must cope.
+        """
 
 
 @runtime_checkable

@@ -517,3 +517,25 @@ def test_heavy_ball_carried_bound_survives_only_while_valid(written_after, tmp_p
     expected = float(loaded_params.abs().max()) if written_after else carried
     assert loaded._largest(loaded_params) == expected
     assert loaded._moved is None and loaded._spare is None  # scratch is not saved
+
+
+def test_a_checkpoint_naming_a_class_by_its_former_module_loads(tmp_path, monkeypatch):
+    """``HeavyBall`` moved from ``defenses.base`` to ``defenses.optimiser``: a
+    checkpoint pickled while it lived in ``defenses.base`` must load as the same class
+    (``checkpoint.MOVED_CLASSES``), with its state."""
+    import defenses.base
+    from defenses.optimiser import HeavyBall
+
+    optimiser = HeavyBall(0.5, 0.9, torch.zeros(3, 2))
+    optimiser.apply(torch.ones(3, 2), torch.full((3, 2), 2.0))
+    monkeypatch.setattr(HeavyBall, "__module__", "defenses.base")
+    monkeypatch.setattr(defenses.base, "HeavyBall", HeavyBall, raising=False)
+    path = tmp_path / "old.pt"
+    save_checkpoint(path, 3, "key", {"optimiser": optimiser}, {})
+    assert b"defenses.base" in path.read_bytes()
+    monkeypatch.undo()
+    assert not hasattr(defenses.base, "HeavyBall")
+
+    done, state = load_checkpoint(path, "key", lambda done: {})
+    assert done == 3 and type(state["optimiser"]) is HeavyBall
+    assert torch.equal(state["optimiser"].buffer, torch.full((3, 2), 2.0))

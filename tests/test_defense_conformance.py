@@ -433,3 +433,43 @@ class _NaiveMean(defenses.Algorithm):
 def test_check_algorithm_names_a_broken_algorithm_of_ones_own():
     with pytest.raises(defenses.conformance.ConformanceError, match="honest model is not finite under nan"):
         defenses.check_algorithm(_NaiveMean)
+
+
+class _Forgetful(_NaiveMean):
+    """Its checkpoint leaves the models out and restores fresh ones."""
+
+    name = "forgetful_test"
+
+    def __getstate__(self):
+        return {key: value for key, value in self.__dict__.items() if key != "models"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.models = self.federation.init_params(1).expand(self.federation.clients, -1).clone()
+
+    def step(self, round_index: int) -> RoundRecord:  # robust enough to pass the hostile checks
+        fed = self.federation
+        gradients = fed.gradients(self.models, fed.sample_batch())
+        received = fed.deliver(gradients, round_index, "gradient")
+        self.models -= self.params.lr * torch.nan_to_num(received, 0.0, 0.0, 0.0).clamp(-1, 1).mean(0)
+        return RoundRecord(round_index)
+
+
+def test_check_algorithm_names_a_checkpoint_that_does_not_round_trip():
+    with pytest.raises(defenses.conformance.ConformanceError, match="checkpoint does not round-trip"):
+        defenses.check_algorithm(_Forgetful)
+
+
+def test_an_algorithm_without_client_models_is_refused_where_it_is_registered():
+    """``step`` and ``client_models`` are abstract: registering an algorithm that
+    leaves one out fails at its definition, naming it."""
+
+    class StepOnly(defenses.Algorithm):
+        name, summary = "step_only_test", "no client_models"
+
+        def step(self, round_index):
+            return RoundRecord(round_index)
+
+    with pytest.raises(TypeError, match="does not implement client_models"):
+        defenses.register(StepOnly)
+    assert "step_only_test" not in REGISTRY

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 import attacks
 from defenses.ball_membership import row_copies
 from defenses.ifca import IFCA
+from defenses.primitives import admissible_points
 from defenses.robust_aggregators import AGGREGATORS, make_aggregator
-from defenses.threshold_clustering import METHODS, admissible_points, nearest_centre, threshold_clustering
+from defenses.threshold_clustering import METHODS, nearest_centre, threshold_clustering
 from robust_pfl import Federation, experiments
 from robust_pfl.data import ClientData
 from robust_pfl.grid import run_grid

@@ -134,13 +134,13 @@ def test_row_reads_agree():
     rows = torch.rand(3, 20, generator=generator) < 0.5
     weights = torch.randn(3, 2, 20, generator=generator, dtype=torch.float64)
     for blocked, batched in (
-        both(lambda: row_reads._row_products(z, rows, vectors)),
+        both(lambda: row_reads.row_products(z, rows, vectors)),
         both(lambda: row_reads._blocked_product(weights, z)),
-        both(lambda: row_reads._weighted_rows(weights * (weights > 1), z)),
+        both(lambda: row_reads.weighted_rows(weights * (weights > 1), z)),
     ):
         assert close(blocked, batched)
     expected = torch.einsum("bkd,bnd->bkn", vectors, z) * rows.unsqueeze(1)
-    assert close(row_reads._row_products(z, rows, vectors), expected)
+    assert close(row_reads.row_products(z, rows, vectors), expected)
 
 
 def test_auto_distance_method_by_engine():

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attacks
-from defenses.base import HeavyBall, group_mean
+from defenses.optimiser import HeavyBall
+from defenses.primitives import group_mean
 from robust_pfl import Federation
 from robust_pfl.data import ClientData
 from robust_pfl.objectives import linear_regression

@@ -20,8 +20,9 @@ import defenses.ditto  # noqa: F401  (registers "ditto" until defenses/__init__ 
 import defenses.knn_per  # noqa: F401  (registers "knn_per")
 from defenses.baselines import Global, Local
 from defenses.ditto import Ditto
-from defenses.ifca import IFCA, IFCAModelAveraging, admissible_group_mean
+from defenses.ifca import IFCA, IFCAModelAveraging
 from defenses.knn_per import KNNPer
+from defenses.primitives import admissible_group_mean
 from robust_pfl import Federation
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.objectives import DenseNetwork, linear_regression

@@ -538,13 +538,13 @@ def test_gram_settles_far_rows_without_reading_them(monkeypatch):
     honest = torch.randn(10, d, generator=g)
     points = torch.cat([honest, 1e6 + 100 * torch.randn(20, d, generator=g)])
     read_rows = []
-    original = tc._row_products
+    original = tc.row_products
 
     def spy(z, rows, vectors):
         read_rows.append(rows.clone())
         return original(z, rows, vectors)
 
-    monkeypatch.setattr(tc, "_row_products", spy)
+    monkeypatch.setattr(tc, "row_products", spy)
     monkeypatch.setattr(tc, "_FULL_PRODUCT_SHARE", 1.0)  # reads, never a full product
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # decided by rounding, as warned
@@ -608,13 +608,13 @@ def test_row_products_and_weighted_rows_equal_full_products(seed, b, n, d, k, da
     z = torch.randn(b, n, d, generator=g, dtype=F64)
     vectors = torch.randn(b, k, d, generator=g, dtype=F64)
     rows = torch.rand(b, n, generator=g) < data.draw(st.floats(0.0, 1.0))
-    products = tc._row_products(z, rows, vectors)
+    products = tc.row_products(z, rows, vectors)
     full = torch.bmm(vectors, z.transpose(1, 2))
     mask = rows.unsqueeze(1).expand_as(full)
     torch.testing.assert_close(products[mask], full[mask], rtol=1e-12, atol=1e-12)
     weights = torch.randn(b, k, n, generator=g, dtype=F64)
     weights = weights * (torch.rand(b, k, n, generator=g) < data.draw(st.floats(0.0, 1.0)))
-    torch.testing.assert_close(tc._weighted_rows(weights, z), torch.bmm(weights, z), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tc.weighted_rows(weights, z), torch.bmm(weights, z), rtol=1e-12, atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------
