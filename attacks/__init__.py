@@ -20,7 +20,7 @@ reports against loss-based clustering: IFCA, HypCluster, CLoVE) and
 the contract every registered attack meets.
 """
 
-from attacks.base import NEED_TAGS, REGISTRY, build, describe, reads_messages, register
+from attacks.base import NEED_TAGS, NO_ATTACK, REGISTRY, UnknownAttack, build, describe, reads_messages, register
 from attacks.conformance import check_attack
 from robust_pfl.conformance import ConformanceError
 from robust_pfl.types import AttackBase
@@ -42,6 +42,8 @@ __all__ = [
     "NEED_TAGS",
     "REGISTRY",
     "build",
+    "NO_ATTACK",
+    "UnknownAttack",
     "describe",
     "reads_messages",
     "register",

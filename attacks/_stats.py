@@ -124,7 +124,8 @@ def fill_normal(rows: Tensor, generator: torch.Generator, mean: float, std: floa
     """Fill ``rows[..., B, d]`` in place with i.i.d. ``N(mean, std^2)``, one draw per
     leading ``[B, d]`` block in order, so a contiguous tensor and a strided view into a
     workspace (each block contiguous) receive the same values.  ``normal_`` on a
-    strided tensor takes a serial path, measured 8x slower than per-block draws.
+    strided tensor takes a serial path, far slower than per-block draws
+    (benchmarks/README.md, "Kernel choices").
 
     A block of more than ``_PART_VALUES`` values is drawn in parts of that size, each
     from its own generator seeded by the attack stream (see :func:`_part_seeds`); the
@@ -144,9 +145,9 @@ def fill_normal(rows: Tensor, generator: torch.Generator, mean: float, std: floa
 
 # A block of more than this many values is drawn in parts of this size, each from its
 # own generator seeded by the attack stream, on a thread pool: ``normal_`` runs on one
-# core (a 12 x 159,010 block measured 3.8 ms in 4 parts on 2 cores against 6.4 ms in
-# one).  The parts are fixed by size, so the values never depend on the number of
-# threads.
+# core, so parts drawn on several cores finish sooner
+# (benchmarks/README.md, "Kernel choices").  The parts are fixed by size, so the
+# values never depend on the number of threads.
 _PART_VALUES = 1 << 19
 _POOL: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
 

@@ -11,17 +11,18 @@ float rounding).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import distances, honest_rows, norm, own_rows, unit
-from attacks.base import register, require_choice, require_finite
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-DIRECTIONS = ("away", "other_centre")
+Direction = Literal["away", "other_centre"]
+DIRECTIONS = get_args(Direction)
 
 
 def _negligible(vector: Tensor, *scales: Tensor) -> Tensor:
@@ -32,7 +33,7 @@ def _negligible(vector: Tensor, *scales: Tensor) -> Tensor:
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class BallEdge(AttackBase):
     """Ball-edge attack (adaptive and omniscient).
 
@@ -60,14 +61,13 @@ class BallEdge(AttackBase):
     name: ClassVar[str] = "ball_edge"
     summary: ClassVar[str] = "sit inside the defense's threshold ball at (1-eps)*tau from the centre (Werner et al.)"
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "adaptive"})
-    eps: float = 0.05
-    direction: str = "away"
-    fallback_quantile: float = 0.5
-
-    def __post_init__(self) -> None:
-        require_finite(self.name, "eps", self.eps, low=0.0, high=1.0, open_low=True, open_high=True)
-        require_choice(self.name, "direction", self.direction, DIRECTIONS)
-        require_finite(self.name, "fallback_quantile", self.fallback_quantile, low=0.0, high=1.0)
+    eps: Annotated[float, Field(gt=0, lt=1, description="margin: rows sit at (1 - eps) * tau from the centre")] = 0.05
+    direction: Annotated[
+        Direction, Field(description="away (from the honest mean) | other_centre (toward the nearest other centre)")
+    ] = "away"
+    fallback_quantile: Annotated[
+        float, Field(ge=0, le=1, description="quantile of the honest distances used as tau when the defense shows none")
+    ] = 0.5
 
     def centres(self, state: Mapping[str, Any], mean: Tensor) -> Tensor:
         """``[..., K, d]`` the defense's centres (the honest mean when none)."""

@@ -1,8 +1,7 @@
 """Attack registry, description and hyperparameter validation helpers.
 
 Every attack is a frozen dataclass registered with :func:`register`, configured at
-construction (``__post_init__`` validates each field and raises ``ValueError`` naming
-``<attack>.<field>`` and the allowed values), and carries three class attributes:
+construction, and carries three class attributes:
 
 * ``name``: the registry key;
 * ``summary``: one line for ``robust-pfl attacks``;
@@ -26,16 +25,24 @@ senders' honest vectors too, but hand the attack the honest rows as usual.  Such
 attack may offer ``write_from(messages, rows, context)``, which writes the rows
 ``__call__(messages, context)`` would return into ``rows``, the Byzantine block of
 ``messages`` itself.
+
+The built-in attacks are declared with :data:`attack_options` (a frozen pydantic
+dataclass, :func:`robust_pfl.validation.options`): each option is a typed field with
+its constraints and a one-line description
+(``scale: Annotated[float, Field(gt=0, description="...")] = 1.0``), and a bad value
+raises ``ValueError`` naming ``<attack>.<field>``, what it accepts and what was given;
+``__post_init__`` keeps only the rules between fields.  An attack of one's own may be
+a plain ``@dataclasses.dataclass(frozen=True)`` validating in ``__post_init__``.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Callable, Collection, Mapping
+from typing import Any, Callable, Mapping
 
 from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
 from robust_pfl.types import Attack, AttackBase
 from robust_pfl.types import attack_reads_messages as reads_messages  # re-exported
+from robust_pfl.validation import descriptions, options
 
 REGISTRY: dict[str, type] = {}
 
@@ -53,30 +60,51 @@ def _known_needs(cls: type) -> None:
 
 register = registrar(REGISTRY, "attack", _known_needs)
 
+#: Class decorator of the built-in attacks: a frozen pydantic dataclass whose bad
+#: options raise ``ValueError`` naming ``<attack>.<field>`` (:mod:`robust_pfl.validation`).
+attack_options = options("attack")
 
-def build(name: str, options: Mapping[str, Any] | None = None) -> Attack:
-    """Construct a registered attack from plain options (validated by the class).
+
+#: The attack name of a run without Byzantine behaviour (no attack object at all).
+NO_ATTACK = "none"
+
+
+class UnknownAttack(ValueError):
+    """An attack name that is neither registered nor :data:`NO_ATTACK`."""
+
+
+def build(name: str, options: Mapping[str, Any] | None = None) -> Attack | None:
+    """Construct a registered attack from plain options (validated by the class);
+    ``None`` for :data:`NO_ATTACK`, which takes no options.
 
     Raises:
-        ValueError: an unknown name (with the registered ones), or an option the
-            attack does not take (with the attack's own options and defaults).
+        UnknownAttack: an unknown name (with the allowed ones and the closest).
+        ValueError: an option the attack does not take (with the attack's own options
+            and defaults), or a bad value of one.
     """
-    if name not in REGISTRY:
-        raise ValueError(f"unknown attack {name!r}{did_you_mean(name, REGISTRY)}; registered: {sorted(REGISTRY)}")
     options = dict(options or {})
+    if name == NO_ATTACK:
+        check_options(name, f"attack {name!r}", options, {})
+        return None
+    if not isinstance(name, str) or name not in REGISTRY:
+        allowed = [NO_ATTACK, *sorted(REGISTRY)]
+        hint = did_you_mean(name, allowed) if isinstance(name, str) else ""
+        raise UnknownAttack(f"unknown attack {name!r}{hint}; allowed: {allowed}")
     check_options(name, f"attack {name!r}", options, init_parameters(REGISTRY[name]))
     return REGISTRY[name](**options)
 
 
 def describe(cls: type) -> dict[str, Any]:
     """What ``robust-pfl attacks`` prints for one attack class: ``name``, ``summary``,
-    ``needs`` (sorted list; the class's upper bound) and ``parameters`` (every
-    constructor parameter with its default; ``"required"`` where there is none)."""
+    ``needs`` (sorted list; the class's upper bound), ``parameters`` (every
+    constructor parameter with its default; ``"required"`` where there is none) and
+    ``descriptions`` (``{parameter: one line}`` for those that have one)."""
     return {
         "name": cls.name,
         "summary": cls.summary,
         "needs": sorted(cls.needs),
         "parameters": init_parameters(cls),
+        "descriptions": descriptions(cls),
     }
 
 
@@ -91,39 +119,3 @@ class NeedsBy:
 
     def __get__(self, instance: Any, owner: type | None = None) -> frozenset[str]:
         return self.upper if instance is None else frozenset(self.rule(instance))
-
-
-# -- hyperparameter validation ------------------------------------------------------------
-def require_number(attack: str, field: str, value: object) -> None:
-    """``value`` must be a real number (bool is not)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{attack}.{field} must be a number, got {value!r}")
-
-
-def require_finite(attack: str, field: str, value: object, low: float | None = None,
-                   high: float | None = None, open_low: bool = False, open_high: bool = False) -> None:
-    """``value`` must be a finite number in ``[low, high]`` (``(`` / ``)`` when open)."""
-    require_number(attack, field, value)
-    number = float(value)  # type: ignore[arg-type]
-    ok = math.isfinite(number)
-    ok = ok and (low is None or (number > low if open_low else number >= low))
-    ok = ok and (high is None or (number < high if open_high else number <= high))
-    if not ok:
-        left = "-inf" if low is None else f"{low:g}"
-        right = "inf" if high is None else f"{high:g}"
-        interval = f"{'(' if open_low or low is None else '['}{left}, {right}{')' if open_high or high is None else ']'}"
-        raise ValueError(f"{attack}.{field} must be a finite number in {interval}, got {value!r}")
-
-
-def require_int(attack: str, field: str, value: object, low: int | None = None) -> None:
-    """``value`` must be an integer (bool is not), at least ``low`` if given."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{attack}.{field} must be an integer, got {value!r}")
-    if low is not None and value < low:
-        raise ValueError(f"{attack}.{field} must be an integer >= {low}, got {value!r}")
-
-
-def require_choice(attack: str, field: str, value: object, allowed: Collection[str]) -> None:
-    """``value`` must be one of ``allowed``."""
-    if not isinstance(value, str) or value not in allowed:
-        raise ValueError(f"{attack}.{field} must be one of {sorted(allowed)}, got {value!r}")

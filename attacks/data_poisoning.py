@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import own_rows
-from attacks.base import register, require_choice, require_int
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-MODES = ("reverse", "shift", "pair")
+Mode = Literal["reverse", "shift", "pair"]
+MODES = get_args(Mode)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class LabelFlip(AttackBase):
     """Label-flipping data poisoning (the classic ``y -> C - 1 - y``, i.e. ``9 - y`` on
     MNIST, as in Fang et al., USENIX Security 2020).
@@ -36,20 +37,17 @@ class LabelFlip(AttackBase):
     name: ClassVar[str] = "label_flip"
     summary: ClassVar[str] = "poison Byzantine training labels: reverse C-1-y, shift (y+k) mod C, or one pair"
     needs: ClassVar[frozenset[str]] = frozenset({"data"})
-    mode: str = "reverse"
-    shift: int = 1
-    source: int | None = None
-    target: int | None = None
+    mode: Annotated[
+        Mode, Field(description="reverse: C-1-y | shift: (y + shift) mod C | pair: source -> target")
+    ] = "reverse"
+    shift: Annotated[int, Field(description="the label shift of mode shift")] = 1
+    source: Annotated[int | None, Field(ge=0, description="the class relabelled in mode pair (required there)")] = None
+    target: Annotated[int | None, Field(ge=0, description="its new label in mode pair (required there)")] = None
 
     def __post_init__(self) -> None:
-        require_choice(self.name, "mode", self.mode, MODES)
-        require_int(self.name, "shift", self.shift)
         for field in ("source", "target"):
-            value = getattr(self, field)
-            if self.mode == "pair" and value is None:
+            if self.mode == "pair" and getattr(self, field) is None:
                 raise ValueError(f"{self.name}.{field} is required with mode 'pair' (an integer class >= 0)")
-            if value is not None:
-                require_int(self.name, field, value, low=0)
 
     def poison(self, targets: Tensor, num_classes: int) -> Tensor:
         """New integer labels (any shape, same dtype and device as ``targets``).
@@ -57,7 +55,8 @@ class LabelFlip(AttackBase):
         Raises ``ValueError`` unless ``targets`` are integer labels in
         ``[0, num_classes)`` (and, for ``"pair"``, ``source``/``target`` < ``C``).
         """
-        require_int(self.name, "num_classes", num_classes, low=1)
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"{self.name}: num_classes must be an integer >= 1, got {num_classes!r}")
         if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
             raise ValueError(f"{self.name}: targets must be integer class labels, got dtype {targets.dtype}")
         if targets.numel() and bool(((targets < 0) | (targets >= num_classes)).any()):

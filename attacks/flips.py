@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, own_rows
-from attacks.base import NeedsBy, register, require_choice, require_finite, require_int
+from attacks.base import NeedsBy, attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-SOURCES = ("own", "client", "client_model", "mean")
+Source = Literal["own", "client", "client_model", "mean"]
+SOURCES = get_args(Source)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class BitFlip(AttackBase):
     """Bit-flip (sign-flip) attack: every Byzantine row is ``-scale * g``.
 
@@ -49,14 +50,9 @@ class BitFlip(AttackBase):
         "model to every receiver (client_model, the official FC code), or the honest mean"
     )
     needs = NeedsBy(frozenset({"omniscient"}), lambda self: frozenset() if self.source == "own" else {"omniscient"})
-    source: str = "own"
-    client: int = 0
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        require_choice(self.name, "source", self.source, SOURCES)
-        require_int(self.name, "client", self.client, low=0)
-        require_finite(self.name, "scale", self.scale)
+    source: Annotated[Source, Field(description="what is flipped: own | client | client_model | mean")] = "own"
+    client: Annotated[int, Field(ge=0, description="the global client index of the client sources")] = 0
+    scale: Annotated[float, Field(description="the rows sent are -scale * g")] = 1.0
 
     @property
     def reads_own_rows(self) -> bool:

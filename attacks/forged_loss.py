@@ -8,21 +8,24 @@ losses of the target cluster's honest clients is put in that cluster, and its mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+import dataclasses
+from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
 
 import torch
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from attacks._stats import byzantine_shape
-from attacks.base import REGISTRY, NeedsBy, build, register, require_int
-from robust_pfl.types import Attack, AttackBase, AttackContext
+from attacks.base import REGISTRY, NeedsBy, attack_options, build, register
+from robust_pfl.registry import did_you_mean
+from robust_pfl.types import AttackBase, AttackContext
 
-TARGETS = ("largest",)
+Target = Literal["largest"]
+TARGETS = get_args(Target)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class ForgedLoss(AttackBase):
     """Forged loss reports that place every Byzantine client in the ``target``
     cluster, plus a ``payload`` attack on every other message.
@@ -68,29 +71,28 @@ class ForgedLoss(AttackBase):
         lambda self: frozenset({"omniscient"}) | frozenset(self.attack.needs),
     )
     forges_losses: ClassVar[bool] = True
-    target: int | str = "largest"
-    payload: str = "bit_flip"
-    payload_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    attack: Attack = field(init=False, repr=False, compare=False)
+    target: Annotated[
+        Annotated[int, Field(ge=0)] | Target,
+        Field(description="the model index the Byzantine clients join, or largest (most honest clients' choice)"),
+    ] = "largest"
+    payload: Annotated[str, Field(description="the registered attack sent on every other message")] = "bit_flip"
+    payload_options: Annotated[
+        Mapping[str, Any], Field(description="the payload attack's options")
+    ] = dataclasses.field(default_factory=dict, hash=False)
+    attack: Any = dataclasses.field(init=False, repr=False, compare=False)  # the payload attack, built
+
+    @field_validator("payload")
+    @classmethod
+    def _registered(cls, payload: str) -> str:
+        if payload not in REGISTRY or payload == cls.name:
+            others = sorted(name for name in REGISTRY if name != cls.name)
+            raise ValueError(
+                f"must be a registered attack other than {cls.name!r} ({others}), got {payload!r}"
+                f"{did_you_mean(payload, others)}"
+            )
+        return payload
 
     def __post_init__(self) -> None:
-        if isinstance(self.target, str):
-            if self.target not in TARGETS:
-                raise ValueError(
-                    f"forged_loss.target must be a model index (integer >= 0) or one of {list(TARGETS)}, "
-                    f"got {self.target!r}"
-                )
-        else:
-            require_int(self.name, "target", self.target, low=0)
-        if not isinstance(self.payload, str) or self.payload not in REGISTRY or self.payload == self.name:
-            raise ValueError(
-                f"forged_loss.payload must be a registered attack other than 'forged_loss' "
-                f"({sorted(n for n in REGISTRY if n != self.name)}), got {self.payload!r}"
-            )
-        if not isinstance(self.payload_options, Mapping):
-            raise ValueError(
-                f"forged_loss.payload_options must be a table of the payload's options, got {self.payload_options!r}"
-            )
         try:
             attack = build(self.payload, dict(self.payload_options))
         except ValueError as error:

@@ -9,22 +9,24 @@ and sends every receiver a point built from that receiver's own message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import byzantine_shape, norm, reference_mask, unit
-from attacks.base import register, require_choice, require_finite
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-MODES = ("ball_edge", "flip")
-DIRECTIONS = ("reverse", "away")
+Mode = Literal["ball_edge", "flip"]
+Direction = Literal["reverse", "away"]
+MODES = get_args(Mode)
+DIRECTIONS = get_args(Direction)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class NeighbourPoison(AttackBase):
     """Neighbour poisoning (omniscient, adaptive): each receiver gets its own crafted
     message from every Byzantine neighbour, and the Byzantine nodes sit at the
@@ -65,18 +67,17 @@ class NeighbourPoison(AttackBase):
     )
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "adaptive"})
     graph_placement: ClassVar[str] = "high_degree"
-    mode: str = "ball_edge"
-    direction: str = "reverse"
-    eps: float = 0.05
-    quantile: float = 0.2
-    scale: float = 1.0
-
-    def __post_init__(self) -> None:
-        require_choice(self.name, "mode", self.mode, MODES)
-        require_choice(self.name, "direction", self.direction, DIRECTIONS)
-        require_finite(self.name, "eps", self.eps, low=0.0, high=1.0, open_low=True, open_high=True)
-        require_finite(self.name, "quantile", self.quantile, low=0.0, high=1.0)
-        require_finite(self.name, "scale", self.scale, low=0.0, open_low=True)
+    mode: Annotated[
+        Mode, Field(description="ball_edge: just inside the receiver's ball | flip: -scale x its own message")
+    ] = "ball_edge"
+    direction: Annotated[
+        Direction, Field(description="ball_edge's direction: reverse (-unit(c_r)) | away (from the honest mean)")
+    ] = "reverse"
+    eps: Annotated[
+        float, Field(gt=0, lt=1, description="margin: rows sit at (1 - eps) * tau from the receiver's point")
+    ] = 0.05
+    quantile: Annotated[float, Field(ge=0, le=1, description="q of the receiver's quantile radius")] = 0.2
+    scale: Annotated[float, Field(gt=0, description="mode flip sends -scale * the receiver's message")] = 1.0
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         state = context.defense_state or {}

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar, Literal, get_args
 
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import fill_normal, normal_rows, own_rows
-from attacks.base import register, require_choice, require_finite
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-AROUND = ("zero", "own")
+Around = Literal["zero", "own"]
+AROUND = get_args(Around)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class GaussianNoise(AttackBase):
     """Gaussian-noise attack (the standard baseline of e.g. Blanchard et al., 2017,
     and Xie et al., 2018): every Byzantine coordinate i.i.d. ``N(0, std^2)``
@@ -26,12 +27,10 @@ class GaussianNoise(AttackBase):
     summary: ClassVar[str] = "i.i.d. N(0, std^2) per coordinate, around zero or the own honest row"
     needs: ClassVar[frozenset[str]] = frozenset()
     iid_rows: ClassVar[bool] = True  # around zero; noise around the own row reads the messages
-    std: float = 200.0
-    around: str = "zero"
-
-    def __post_init__(self) -> None:
-        require_finite(self.name, "std", self.std, low=0.0)
-        require_choice(self.name, "around", self.around, AROUND)
+    std: Annotated[float, Field(ge=0, description="standard deviation of the noise")] = 200.0
+    around: Annotated[
+        Around, Field(description="zero: noise alone; own: the client's own honest row plus noise")
+    ] = "zero"
 
     @property
     def reads_messages(self) -> bool:

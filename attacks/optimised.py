@@ -18,17 +18,18 @@ form an interval and the search returns (a lower bound on) its right end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import Annotated, Callable, ClassVar, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import distances, expand_rows, honest_rows, mean_and_std, unit
-from attacks.base import register, require_choice, require_finite, require_int
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
-DIRECTIONS = ("unit", "std", "sign")
+Direction = Literal["unit", "std", "sign"]
+DIRECTIONS = get_args(Direction)
 
 
 def largest_feasible(feasible: Callable[[Tensor], Tensor], start: Tensor, steps: int) -> Tensor:
@@ -49,20 +50,16 @@ def largest_feasible(feasible: Callable[[Tensor], Tensor], start: Tensor, steps:
     return lo
 
 
-@dataclass(frozen=True)
+@attack_options
 class _PerturbedMean(AttackBase):
     """Shared body of Min-Max and Min-Sum; subclasses give the two constraint sides."""
 
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
-    direction: str = "unit"
-    steps: int = 30
-    gamma_init: float = 10.0
-
-    def __post_init__(self) -> None:
-        name = getattr(self, "name")
-        require_choice(name, "direction", self.direction, DIRECTIONS)
-        require_int(name, "steps", self.steps, low=1)
-        require_finite(name, "gamma_init", self.gamma_init, low=0.0, open_low=True)
+    direction: Annotated[
+        Direction, Field(description="perturbation p: unit (-mean/||mean||) | std (-std) | sign (-sign(mean))")
+    ] = "unit"
+    steps: Annotated[int, Field(ge=1, description="feasibility tests of the gamma search")] = 30
+    gamma_init: Annotated[float, Field(gt=0, description="the first gamma tried")] = 10.0
 
     @staticmethod
     def bound(pairwise: Tensor) -> Tensor:
@@ -103,7 +100,7 @@ class _PerturbedMean(AttackBase):
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class MinMax(_PerturbedMean):
     """Min-Max (Shejwalkar & Houmansadr, NDSS 2021): the malicious row is no farther
     from any honest row than the two farthest honest rows are from each other."""
@@ -121,7 +118,7 @@ class MinMax(_PerturbedMean):
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class MinSum(_PerturbedMean):
     """Min-Sum (Shejwalkar & Houmansadr, NDSS 2021): the malicious row's sum of squared
     distances to the honest rows is at most the largest such sum of an honest row."""

@@ -8,15 +8,16 @@ the one that moves the defense's output farthest from the honest mean.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Annotated, Any, ClassVar, Mapping
 
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import honest_mean, norm
-from attacks.base import NeedsBy, build, register, require_finite
-from robust_pfl.types import Attack, AttackBase, AttackContext
+from attacks.base import NeedsBy, attack_options, build, register
+from robust_pfl.types import AttackBase, AttackContext
 
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 
@@ -27,7 +28,7 @@ def mean_aggregate(delivered: Tensor) -> Tensor:
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class Optimised(AttackBase):
     """Scale search around a base attack (omniscient and adaptive).
 
@@ -53,28 +54,25 @@ class Optimised(AttackBase):
         frozenset({"omniscient", "adaptive"}),
         lambda self: frozenset(self.attack.needs) | {"omniscient", "adaptive"},
     )
-    base: Mapping[str, Any] = field(default_factory=lambda: {"name": "alie"}, hash=False)
-    scales: tuple[float, ...] = DEFAULT_SCALES
-    attack: Attack = field(init=False, repr=False, compare=False)
+    base: Annotated[
+        Mapping[str, Any], Field(description="the base attack, {name = ..., <its options>}")
+    ] = dataclasses.field(default_factory=lambda: {"name": "alie"}, hash=False)
+    scales: Annotated[
+        tuple[Annotated[float, Field(gt=0)], ...],
+        Field(min_length=1, strict=False, description="the scales tried, in order (ties: the first)"),
+    ] = DEFAULT_SCALES  # strict=False: a TOML list becomes the tuple (its items stay strict)
+    attack: Any = dataclasses.field(init=False, repr=False, compare=False)  # the base attack, built
 
     def __post_init__(self) -> None:
-        if not isinstance(self.base, Mapping) or not isinstance(self.base.get("name"), str):
-            raise ValueError(f"optimised.base must be a mapping with a string 'name', got {self.base!r}")
+        if not isinstance(self.base.get("name"), str):
+            raise ValueError(f"optimised.base must be a table with a string 'name', got {dict(self.base)!r}")
         options = dict(self.base)
         name = options.pop("name")
         try:
             attack = build(name, options)
         except ValueError as error:
             raise ValueError(f"optimised.base: {error}") from None
-        if isinstance(self.scales, (str, bytes)) or not hasattr(self.scales, "__iter__"):
-            raise ValueError(f"optimised.scales must be a non-empty list of finite numbers > 0, got {self.scales!r}")
-        scales = tuple(self.scales)
-        if not scales:
-            raise ValueError("optimised.scales must be a non-empty list of finite numbers > 0, got []")
-        for value in scales:
-            require_finite(self.name, "scales", value, low=0.0, open_low=True)
         object.__setattr__(self, "base", dict(self.base))
-        object.__setattr__(self, "scales", tuple(float(s) for s in scales))
         object.__setattr__(self, "attack", attack)
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import byzantine_shape, fill_normal, normal_rows
-from attacks.base import register, require_finite, require_number
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class LargeGradient(AttackBase):
     """Large-gradient attack: every coordinate i.i.d. ``N(mean, std^2)``; the official
     Fig. 6 code uses ``randn * 200 + 1e6``."""
@@ -24,12 +24,8 @@ class LargeGradient(AttackBase):
     needs: ClassVar[frozenset[str]] = frozenset()
     reads_messages: ClassVar[bool] = False
     iid_rows: ClassVar[bool] = True  # rows drawn apart: see attack_draws_rows_apart
-    mean: float = 1e6
-    std: float = 200.0
-
-    def __post_init__(self) -> None:
-        require_number(self.name, "mean", self.mean)
-        require_finite(self.name, "std", self.std, low=0.0)
+    mean: Annotated[float, Field(allow_inf_nan=True, description="mean of every coordinate")] = 1e6
+    std: Annotated[float, Field(ge=0, description="standard deviation of every coordinate")] = 200.0
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return normal_rows(messages, context, self.mean, self.std)
@@ -40,7 +36,7 @@ class LargeGradient(AttackBase):
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class ConstantValue(AttackBase):
     """Every Byzantine coordinate set to ``value`` (NaN, +-Inf, 1e38 ...): the
     conformance suite's hostile inputs."""
@@ -50,10 +46,9 @@ class ConstantValue(AttackBase):
     needs: ClassVar[frozenset[str]] = frozenset()
     reads_messages: ClassVar[bool] = False
     iid_rows: ClassVar[bool] = True  # rows drawn apart: see attack_draws_rows_apart
-    value: float = math.nan
-
-    def __post_init__(self) -> None:
-        require_number(self.name, "value", self.value)
+    value: Annotated[
+        float, Field(allow_inf_nan=True, description="every coordinate's value (nan and inf allowed)")
+    ] = math.nan
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return messages.new_full(byzantine_shape(messages, context), self.value)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from statistics import NormalDist
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
+from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, honest_rows, mean_and_std
-from attacks.base import register, require_finite, require_int
+from attacks.base import attack_options, register
 from robust_pfl.types import AttackBase, AttackContext
 
 
@@ -30,7 +30,7 @@ def alie_z(senders: int, byzantine: int) -> float:
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class ALIE(AttackBase):
     """"A little is enough" (Baruch, Baruch & Goldberg, NeurIPS 2019): every
     Byzantine row is, per coordinate, ``mean_j - z * std_j`` of the honest rows, a
@@ -45,11 +45,7 @@ class ALIE(AttackBase):
     name: ClassVar[str] = "alie"
     summary: ClassVar[str] = "honest mean - z * honest std per coordinate (Baruch et al. 2019)"
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
-    z: float | None = None
-
-    def __post_init__(self) -> None:
-        if self.z is not None:
-            require_finite(self.name, "z", self.z, low=0.0)
+    z: Annotated[float | None, Field(ge=0, description="the shift in honest stds (None: Baruch et al.'s z_max)")] = None
 
     def z_for(self, context: AttackContext) -> float:
         """The ``z`` used for this call."""
@@ -63,7 +59,7 @@ class ALIE(AttackBase):
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class IPM(AttackBase):
     """Inner-product manipulation (Xie, Koyejo & Gupta, "Fall of empires", UAI 2019 /
     PMLR 115, 2020): every Byzantine row is ``-eps * mean`` of the honest rows, so that
@@ -72,17 +68,14 @@ class IPM(AttackBase):
     name: ClassVar[str] = "ipm"
     summary: ClassVar[str] = "-eps * honest mean (Xie et al. 2020, inner product manipulation)"
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
-    eps: float = 0.1
-
-    def __post_init__(self) -> None:
-        require_finite(self.name, "eps", self.eps, low=0.0, open_low=True)
+    eps: Annotated[float, Field(gt=0, description="the rows sent are -eps * the honest mean")] = 0.1
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return expand_rows(honest_mean(messages, context) * -self.eps, messages, context)
 
 
 @register
-@dataclass(frozen=True)
+@attack_options
 class Mimic(AttackBase):
     """Mimic (Karimireddy, He & Jaggi, ICLR 2022): every Byzantine client copies one
     honest client's row, over-weighting it.  ``client`` is a global client index;
@@ -92,11 +85,9 @@ class Mimic(AttackBase):
     name: ClassVar[str] = "mimic"
     summary: ClassVar[str] = "copy one honest client's row (Karimireddy et al. 2022)"
     needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
-    client: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.client is not None:
-            require_int(self.name, "client", self.client, low=0)
+    client: Annotated[
+        int | None, Field(ge=0, description="the global index of the client copied (None: the lowest honest one)")
+    ] = None
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         return expand_rows(client_row(messages, context, self.client), messages, context)

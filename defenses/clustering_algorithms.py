@@ -11,27 +11,21 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, HeavyBall, register
+from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
-from defenses.radius import make_radius
-from defenses.threshold_clustering import (
-    ClusteringResult,
-    Method,
-    admissible_points,
-    euclidean_distances,
-    threshold_clustering,
-)
+from defenses.optimiser import HeavyBall
+from defenses.primitives import admissible_points, euclidean_distances
+from defenses.radius import RadiusPolicy, make_radius
+from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
 from robust_pfl.data import Batch
 from robust_pfl.devices import engine, memory_budget_mb
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
 
-
-# Points per clustering up to which ``auto`` uses the "pairwise" evaluation.  Measured
-# on Fig. 6 gradients of the MLP 784-200-10 (one centre, 20% quantile radius, 10
-# rounds), "pairwise" against "gram" per problem: 0.81x at 16 points, 0.72x at 48,
-# 0.60x at 64, 0.90x at 96, 1.32x at 128 and 1.77x at 192 (its N^2 d product grows
-# faster than "gram"'s few passes over the points).
+# Points per clustering up to which ``auto`` uses the "pairwise" evaluation: it beats
+# "gram" on small problems, but its N^2 d product grows faster than "gram"'s few passes
+# over the points, so "gram" wins on larger ones (the crossover: benchmarks/README.md,
+# "Kernel choices").
 PAIRWISE_MAX_POINTS = 96
 # The same bound on the batched engine (an accelerator).  A problem of N points costs
 # "pairwise" 2 N^2 d FLOPs at the GEMM rate F and "gram" about ten passes over its
@@ -45,8 +39,12 @@ PAIRWISE_MAX_POINTS_BATCHED = 256
 class ClusteringParams(AlgorithmParams):
     """Threshold-Clustering settings shared by FC, MC and Myopic."""
 
-    radius: float | dict[str, Any] = Field(
+    # Written as a number or {policy = ..., ...}; validated into its policy once, here
+    # (defenses.radius.make_radius, which names the bad field: radius.q ...), and held
+    # as that object: the algorithms use it as it is.
+    radius: Any = Field(
         default_factory=lambda: {"policy": "quantile", "q": 0.2},
+        validate_default=True,
         description="fixed radius, or {policy = fixed|theory|quantile|cd, ...}; quantile: q, rule = "
         "interpolated (default, with factor = 1, strict = false) | official (0.99 * sorted(d)[int(q N)], "
         "d <= tau); cd: fit = lloyd (default, iterations = 25) | kmeans++ (the optimal 3-means, as the "
@@ -59,14 +57,14 @@ class ClusteringParams(AlgorithmParams):
         "at most 96 points per clustering, else gram",
     )
 
-    @field_validator("radius")
+    @field_validator("radius", mode="before")
     @classmethod
-    def _valid_radius(cls, value: Any) -> Any:
-        make_radius(value)  # raises ValueError naming the bad field
-        return value
+    def _radius_policy(cls, value: Any) -> RadiusPolicy:
+        return make_radius(value)  # raises ValueError naming the bad field
 
-    def radius_policy(self):
-        return make_radius(self.radius)
+    def radius_policy(self) -> RadiusPolicy:
+        """The radius policy (``radius``, parsed when the parameters were validated)."""
+        return self.radius
 
     def distance_method(self, points: Tensor) -> Method:
         """The evaluation for ``points[..., N, d]``.  ``auto`` picks exact differences

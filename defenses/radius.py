@@ -2,7 +2,12 @@
 
 A policy maps the distances of every point to the current centre, ``dist[B, K, N]``
 (``inf`` for inadmissible points), to one radius per centre, ``tau[B, K]``.  Policies
-are frozen dataclasses: validated at construction, pure, and batched.
+are frozen dataclasses (:func:`robust_pfl.validation.options`, like attacks and
+aggregators): validated at construction, pure, and batched.  A bad option raises
+``ValueError`` naming ``radius.<field>``, what it accepts and what was given.
+:func:`make_radius` turns a config's spec (a number or ``{policy = ..., ...}``) into
+a policy once, when an algorithm's parameters are validated; everything after uses
+that object.
 
 A policy may also implement ``undecided(lower, upper)``: given only an interval
 ``lower <= dist <= upper`` per point, the points whose exact distance is needed to
@@ -14,13 +19,14 @@ makes it read every point.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Union, runtime_checkable
+from typing import Annotated, Any, ClassVar, Literal, Mapping, Protocol, Union, get_args, runtime_checkable
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from robust_pfl.registry import check_options, did_you_mean, init_parameters
+from robust_pfl.validation import options
 
 
 @runtime_checkable
@@ -51,20 +57,20 @@ def _constant_undecided(tau: float, lower: Tensor, upper: Tensor) -> Tensor:
     return _meets(lower, upper, value, value)
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
+#: Class decorator of the radius policies: bad options raise ``ValueError`` naming
+#: ``radius.<field>`` (:mod:`robust_pfl.validation`).
+radius_options = options("radius policy", where="radius")
+
+_STRICT = "a point is inside when d < tau (default: d <= tau)"
 
 
-@dataclass(frozen=True)
+@radius_options
 class FixedRadius:
     """A constant radius ``tau`` for every centre and round."""
 
-    tau: float
-    strict: bool = False
-
-    def __post_init__(self) -> None:
-        _require(self.tau >= 0 and not math.isnan(self.tau), f"radius tau must be >= 0, got {self.tau}")
+    name: ClassVar[str] = "fixed"
+    tau: Annotated[float, Field(ge=0, allow_inf_nan=True, description="the radius (inf: every point inside)")]
+    strict: Annotated[bool, Field(description=_STRICT)] = False
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         return _constant(distances, self.tau)
@@ -73,22 +79,17 @@ class FixedRadius:
         return _constant_undecided(self.tau, lower, upper)
 
 
-@dataclass(frozen=True)
+@radius_options
 class TheoryRadius:
     """``tau = c * sqrt(delta * sigma * Delta)`` (Thm 3.1; the constant is unspecified
     in the paper, so ``c`` is exposed)."""
 
-    delta: float
-    sigma: float
-    separation: float
-    c: float = 1.0
-    strict: bool = False
-
-    def __post_init__(self) -> None:
-        _require(0 < self.delta <= 1, f"radius delta must be in (0, 1], got {self.delta}")
-        _require(self.sigma >= 0, f"radius sigma must be >= 0, got {self.sigma}")
-        _require(self.separation >= 0, f"radius separation must be >= 0, got {self.separation}")
-        _require(self.c > 0, f"radius c must be > 0, got {self.c}")
+    name: ClassVar[str] = "theory"
+    delta: Annotated[float, Field(gt=0, le=1, description="Thm 3.1's delta")]
+    sigma: Annotated[float, Field(ge=0, allow_inf_nan=True, description="the gradient noise sigma")]
+    separation: Annotated[float, Field(ge=0, allow_inf_nan=True, description="the cluster separation Delta")]
+    c: Annotated[float, Field(gt=0, allow_inf_nan=True, description="the constant (unspecified in the paper)")] = 1.0
+    strict: Annotated[bool, Field(description=_STRICT)] = False
 
     @property
     def tau(self) -> float:
@@ -101,11 +102,12 @@ class TheoryRadius:
         return _constant_undecided(self.tau, lower, upper)
 
 
-QUANTILE_RULES = ("interpolated", "official")
+QuantileRule = Literal["interpolated", "official"]
+QUANTILE_RULES = get_args(QuantileRule)
 OFFICIAL_QUANTILE_FACTOR = 0.99  # the official code's ``tau = 0.99 * ds[int(len(ds) * q)]``
 
 
-@dataclass(frozen=True)
+@radius_options
 class QuantileRadius:
     """A radius read from the distances' order statistics, recomputed every round;
     infinite (inadmissible) distances sort last.  The paper uses q = 0.2 on MNIST.
@@ -122,27 +124,25 @@ class QuantileRadius:
       factor and the inclusion, so ``factor`` must stay 1 and ``strict`` false.
     """
 
-    q: float
-    factor: float = 1.0
-    strict: bool = False
-    rule: str = "interpolated"
+    name: ClassVar[str] = "quantile"
+    q: Annotated[float, Field(ge=0, le=1, description="the quantile of the distances (the paper: 0.2)")]
+    factor: Annotated[
+        float, Field(gt=0, allow_inf_nan=True, description="tau = factor * the q-quantile (rule interpolated)")
+    ] = 1.0
+    strict: Annotated[bool, Field(description=_STRICT + " (rule interpolated)")] = False
+    rule: Annotated[
+        QuantileRule, Field(description="interpolated | official (0.99 * sorted(d)[int(q N)], d <= tau)")
+    ] = "interpolated"
 
     def __post_init__(self) -> None:
-        _require(0 <= self.q <= 1, f"radius q must be in [0, 1], got {self.q}")
-        _require(self.factor > 0, f"radius factor must be > 0, got {self.factor}")
-        _require(
-            self.rule in QUANTILE_RULES,
-            f"radius rule must be one of {list(QUANTILE_RULES)}, got {self.rule!r}{did_you_mean(self.rule, QUANTILE_RULES)}",
-        )
-        if self.rule == "official":
-            _require(
-                self.factor == 1.0,
-                f"radius factor applies to rule 'interpolated' only: rule 'official' takes "
-                f"0.99 * sorted(d)[int(q N)]; got factor {self.factor}",
+        if self.rule == "official" and self.factor != 1.0:
+            raise ValueError(
+                f"radius.factor applies to rule 'interpolated' only: rule 'official' takes "
+                f"0.99 * sorted(d)[int(q N)]; got factor {self.factor}"
             )
-            _require(
-                not self.strict,
-                "radius strict applies to rule 'interpolated' only: rule 'official' includes d <= tau; got strict True",
+        if self.rule == "official" and self.strict:
+            raise ValueError(
+                "radius.strict applies to rule 'interpolated' only: rule 'official' includes d <= tau; got strict True"
             )
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
@@ -201,10 +201,11 @@ def _quantile_of_sorted(ordered: Tensor, q: float) -> Tensor:
     return torch.where(torch.isfinite(low), low + frac * (high - low), low)
 
 
-CD_FITS = ("lloyd", "kmeans++")
+CdFit = Literal["lloyd", "kmeans++"]
+CD_FITS = get_args(CdFit)
 
 
-@dataclass(frozen=True)
+@radius_options
 class CenterDistanceRadius:
     """"cd" policy: 3-means on the finite distances (inadmissible points ignored); the
     radius is the mean of the 2nd and 3rd (sorted) centres.
@@ -224,21 +225,19 @@ class CenterDistanceRadius:
       outside); with none, 0.
     """
 
-    iterations: int = 25
-    strict: bool = False
-    fit: str = "lloyd"
+    name: ClassVar[str] = "cd"
+    iterations: Annotated[int, Field(ge=1, description="Lloyd iterations (fit lloyd)")] = 25
+    strict: Annotated[bool, Field(description=_STRICT)] = False
+    fit: Annotated[
+        CdFit, Field(description="lloyd (from min, median, max) | kmeans++ (the optimal 3-means, the official code's)")
+    ] = "lloyd"
 
     def __post_init__(self) -> None:
-        _require(self.iterations >= 1, f"radius iterations must be >= 1, got {self.iterations}")
-        _require(
-            self.fit in CD_FITS,
-            f"radius fit must be one of {list(CD_FITS)}, got {self.fit!r}{did_you_mean(self.fit, CD_FITS)}",
-        )
-        _require(
-            self.fit == "lloyd" or self.iterations == 25,
-            f"radius iterations applies to fit 'lloyd' only: fit 'kmeans++' finds the optimal "
-            f"3-means exactly; got iterations {self.iterations}",
-        )
+        if self.fit != "lloyd" and self.iterations != 25:
+            raise ValueError(
+                f"radius.iterations applies to fit 'lloyd' only: fit 'kmeans++' finds the optimal "
+                f"3-means exactly; got iterations {self.iterations}"
+            )
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         if self.fit == "kmeans++":
@@ -330,28 +329,25 @@ def _three_means_rows(rows: Tensor) -> Tensor:
 
 RadiusSpec = Union[float, int, Mapping[str, Any], RadiusPolicy]
 
-_POLICIES = {
-    "fixed": FixedRadius,
-    "theory": TheoryRadius,
-    "quantile": QuantileRadius,
-    "cd": CenterDistanceRadius,
+_POLICIES: dict[str, type] = {
+    cls.name: cls for cls in (FixedRadius, TheoryRadius, QuantileRadius, CenterDistanceRadius)
 }
 
 
 def make_radius(spec: RadiusSpec) -> RadiusPolicy:
     """A policy from a number (fixed radius), a mapping ``{"policy": name, ...}`` or a
-    policy instance.  Unknown names or parameters raise ``ValueError`` naming them."""
+    policy instance (returned as it is).  An unknown name or option, or a value of the
+    wrong type or range, raises ``ValueError`` naming ``radius.<field>``."""
     if isinstance(spec, RadiusPolicy):
         return spec
     if isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return FixedRadius(float(spec))
     if isinstance(spec, Mapping):
-        options = dict(spec)
-        name = options.pop("policy", None)
-        if name not in _POLICIES:
-            raise ValueError(
-                f"radius.policy must be one of {sorted(_POLICIES)}, got {name!r}{did_you_mean(name, _POLICIES)}"
-            )
-        check_options("radius", f"radius policy {name!r}", options, init_parameters(_POLICIES[name]))
-        return _POLICIES[name](**options)
+        given = dict(spec)
+        name = given.pop("policy", None)
+        if not isinstance(name, str) or name not in _POLICIES:
+            hint = did_you_mean(name, _POLICIES) if isinstance(name, str) else ""
+            raise ValueError(f"radius.policy must be one of {sorted(_POLICIES)}, got {name!r}{hint}")
+        check_options("radius", f"radius policy {name!r}", given, init_parameters(_POLICIES[name]))
+        return _POLICIES[name](**given)
     raise ValueError(f"radius must be a number, a mapping with 'policy', or a RadiusPolicy; got {spec!r}")

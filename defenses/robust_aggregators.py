@@ -8,8 +8,11 @@ problems) to one vector per problem, ``[..., d]``::
     out = agg(messages, previous=last, generator=rng)
 
 Aggregators are frozen dataclasses, validated at construction (a bad value raises
-``ValueError`` naming ``<aggregator>.<field>`` and the allowed values), registered in
-:data:`AGGREGATORS` by ``name``.  ``previous`` (last round's aggregate) is used by
+``ValueError`` naming ``<aggregator>.<field>``, the allowed values and what was given),
+registered in :data:`AGGREGATORS` by ``name``.  The built-in ones are declared with
+:data:`aggregator_options` (:func:`robust_pfl.validation.options`: typed fields with
+pydantic constraints and a description each); one of a user's own may be a plain
+frozen dataclass.  ``previous`` (last round's aggregate) is used by
 centered clipping and ``generator`` by bucketing; the others ignore them.
 ``previous`` must have the aggregate's shape ``[..., d]`` or broadcast to it (else
 ``ValueError``).  Messages may have any floating dtype (Krum's distances for float16
@@ -32,18 +35,18 @@ with a Python loop over clients or problems.
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, NamedTuple, Union
+from abc import ABC, abstractmethod
+from typing import Annotated, Any, ClassVar, Mapping, NamedTuple, Union
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 from torch import Tensor
 
+from defenses.primitives import admissible_points, euclidean_distances
 from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
-
-from defenses.threshold_clustering import admissible_points, euclidean_distances
+from robust_pfl.validation import descriptions, options
 
 
 # -- masked statistics shared by every aggregator -----------------------------------------
@@ -94,9 +97,9 @@ def _sorted_columns(rows: Rows) -> Tensor:
 
 def sort_columns(values: Tensor) -> Tensor:
     """``values[..., N, d]`` sorted along the rows, as a new tensor.  On the CPU,
-    NumPy's vectorised sort: 0.15 s against torch's 1.6 s for ``[250, 159,010]``
-    float32 on one core (torch sorts each strided column on its own).  Both give the
-    same values in the same places (equal zeros of either sign may trade places)."""
+    NumPy's vectorised sort, many times faster than torch's, which sorts each strided
+    column on its own (benchmarks/README.md, "Kernel choices").  Both give the same
+    values in the same places (equal zeros of either sign may trade places)."""
     if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64) and not values.requires_grad:
         return torch.from_numpy(np.sort(values.numpy(), axis=-2))
     return values.sort(dim=-2).values
@@ -152,34 +155,19 @@ def _admissible_or_none(previous: Tensor | None) -> Tensor | None:
     return None if previous is None else admissible_points(previous.unsqueeze(-2)).squeeze(-1)
 
 
-# -- parameter validation -------------------------------------------------------------------
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require_int(owner: str, field: str, value: Any, minimum: int, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if not (_is_int(value) and value >= minimum):
-        allowed = f"an integer >= {minimum}" + (" or None" if optional else "")
-        raise ValueError(f"{owner}.{field} must be {allowed}, got {value!r}")
-
-
-def _require_positive(owner: str, field: str, value: Any) -> None:
-    if not (_is_number(value) and value > 0):
-        raise ValueError(f"{owner}.{field} must be a finite number > 0, got {value!r}")
-
-
 # -- the interface -------------------------------------------------------------------------
-class Aggregator:
-    """Base class: ``__call__(messages[..., N, d], previous=None, generator=None)`` ->
-    ``[..., d]``.  Subclasses set ``name``, ``summary``, ``reference`` and implement
-    :meth:`_aggregate` on the prepared :class:`Rows`; the base class checks ``N``,
-    drops inadmissible rows and substitutes the fallback for problems without any."""
+class Aggregator(ABC):
+    """Base class of a robust aggregator: ``__call__(messages[..., N, d],
+    previous=None, generator=None)`` -> ``[..., d]``, batched over leading dimensions
+    (independent aggregation problems).
+
+    A subclass is a frozen dataclass whose fields are its options; it declares, as
+    class attributes, ``name`` (the registry key a config names), ``summary`` (one
+    line for ``robust-pfl aggregators``) and ``reference`` (its paper), and implements
+    :meth:`aggregate_rows`.  It may override :meth:`check` to refuse sender counts it
+    cannot work with.  The base class checks the input, drops inadmissible rows (NaN,
+    Inf, overflowing norm) before the subclass sees them, and substitutes the fallback
+    (``previous`` where usable, else zeros) for problems without an admissible row."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -209,21 +197,38 @@ class Aggregator:
                     f"to it) for messages of shape {tuple(messages.shape)}; got {tuple(previous.shape)}"
                 ) from None
         rows = Rows.of(messages)
-        out = self._aggregate(rows, previous, generator)
+        out = self.aggregate_rows(rows, previous, generator)
         fallback = torch.zeros(shape, dtype=messages.dtype, device=messages.device)
         usable = _admissible_or_none(previous)
         if usable is not None:
             fallback = torch.where(usable.unsqueeze(-1), previous, fallback)
         return torch.where((rows.count > 0).unsqueeze(-1), out, fallback)
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        raise NotImplementedError
+    @abstractmethod
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        """The aggregate of each problem's admissible rows.
+
+        Args:
+            rows: the messages with their admissible mask and counts (:class:`Rows`);
+                only admissible rows may influence the result.
+            previous: ``[..., d]`` last round's aggregate (possibly non-finite), or
+                None: where an algorithm needs a starting point (centered clipping).
+            generator: the seeded stream for randomised rules (bucketing), or None.
+
+        Returns:
+            ``[..., d]``, finite wherever the problem has an admissible row; the base
+            class replaces the problems without one.
+        """
 
 
 AGGREGATORS: dict[str, type[Aggregator]] = {}
 
 
 register = registrar(AGGREGATORS, "aggregator")
+
+#: Class decorator of the built-in aggregators: a frozen pydantic dataclass whose bad
+#: options raise ``ValueError`` naming ``<aggregator>.<field>`` (:mod:`robust_pfl.validation`).
+aggregator_options = options("aggregator")
 
 
 AggregatorSpec = Union[str, Mapping[str, Any], Aggregator]
@@ -245,27 +250,28 @@ def make_aggregator(spec: AggregatorSpec) -> Aggregator:
             f"aggregator must be a name or a mapping with 'name', got {spec!r}; "
             f"names: {sorted(AGGREGATORS)}"
         )
-    if name not in AGGREGATORS:
-        raise ValueError(
-            f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}{did_you_mean(name, AGGREGATORS)}"
-        )
+    if not isinstance(name, str) or name not in AGGREGATORS:
+        hint = did_you_mean(name, AGGREGATORS) if isinstance(name, str) else ""
+        raise ValueError(f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}{hint}")
     check_options(name, f"aggregator {name!r}", options, init_parameters(AGGREGATORS[name]))
     return AGGREGATORS[name](**options)
 
 
 def describe(cls: type[Aggregator]) -> dict[str, Any]:
-    """``{"name", "summary", "reference", "parameters": {field: default}}`` for a CLI
-    listing of :data:`AGGREGATORS`."""
-    parameters = {
-        f.name: (f.default if f.default is not dataclasses.MISSING else None)
-        for f in dataclasses.fields(cls)
+    """``{"name", "summary", "reference", "parameters": {field: default},
+    "descriptions": {field: one line}}`` for a CLI listing of :data:`AGGREGATORS`."""
+    return {
+        "name": cls.name,
+        "summary": cls.summary,
+        "reference": cls.reference,
+        "parameters": init_parameters(cls),
+        "descriptions": descriptions(cls),
     }
-    return {"name": cls.name, "summary": cls.summary, "reference": cls.reference, "parameters": parameters}
 
 
 # -- averages and order statistics ---------------------------------------------------------
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class Mean(Aggregator):
     """The plain average of the admissible rows (FedAvg, McMahan et al. 2017): no
     defense at all, a single large row moves it arbitrarily far."""
@@ -274,12 +280,12 @@ class Mean(Aggregator):
     summary = "average of the admissible rows (undefended FedAvg)"
     reference = "McMahan et al. 2017, Communication-efficient learning of deep networks (FedAvg)"
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         return _masked_mean(rows.values, rows.admissible)
 
 
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class CoordinateMedian(Aggregator):
     """Coordinate-wise median (Yin et al. 2018, "Byzantine-robust distributed learning:
     towards optimal statistical rates", Def. 1).  For an even number of admissible rows
@@ -290,28 +296,22 @@ class CoordinateMedian(Aggregator):
     summary = "coordinate-wise median (mean of the two middle values for even counts)"
     reference = "Yin, Chen, Ramchandran, Bartlett 2018 (ICML), coordinate-wise median, Def. 1"
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         return coordinate_median(rows)
 
 
-@dataclass(frozen=True)
+@aggregator_options
 class _ByzantineBudget(Aggregator):
     """An aggregator parametrised by the number ``f`` of Byzantine senders it tolerates:
     ``f`` itself, or ``fraction`` (``f = floor(fraction * n)`` for the ``n`` admissible
     rows); neither given means ``f = 1``."""
 
-    f: int | None = None
-    fraction: float | None = None
+    f: Annotated[int | None, Field(ge=0, description="Byzantine senders tolerated (neither f nor fraction: 1)")] = None
+    fraction: Annotated[
+        float | None, Field(ge=0, lt=0.5, description="f = floor(fraction * n) of the n admissible rows")
+    ] = None
 
     def __post_init__(self) -> None:
-        _require_int(self.name, "f", self.f, 0, optional=True)
-        if self.fraction is not None and not (
-            _is_number(self.fraction) and 0 <= self.fraction < 0.5
-        ):
-            raise ValueError(
-                f"{self.name}.fraction must be a number in [0, 0.5) or None, "
-                f"got {self.fraction!r}"
-            )
         if self.f is not None and self.fraction is not None:
             raise ValueError(f"{self.name}.f and {self.name}.fraction: give one of them, not both")
 
@@ -331,7 +331,7 @@ class _ByzantineBudget(Aggregator):
 
 
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class TrimmedMean(_ByzantineBudget):
     """Coordinate-wise trimmed mean (Yin et al. 2018, Def. 2): per coordinate, drop the
     ``f`` largest and ``f`` smallest values and average the remaining ``n - 2f``.
@@ -348,7 +348,7 @@ class TrimmedMean(_ByzantineBudget):
         if not 2 * f < n:
             raise ValueError(f"{self.name}: needs 2*f < n, got f={f}, n={n}")
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         count = rows.count
         f = self._budget(count, (count - 1) // 2)
         return _mean_of_order_statistics(_sorted_columns(rows), count, f, count - f, consume=True)
@@ -360,8 +360,8 @@ def squared_distances(values: Tensor) -> Tensor:
 
     Rows narrower than float64 go through their Gram matrix in float64
     (``||a||^2 + ||b||^2 - 2 <a, b>``, clamped at 0): one ``N^2 d`` product at matmul
-    speed (N = 250, d = 159,010: 0.2 s against 7 s for differences), and more
-    accurate than differences in the rows' own dtype, since float32 products are
+    speed, far faster than differences (benchmarks/README.md, "Kernel choices"), and
+    more accurate than differences in the rows' own dtype, since float32 products are
     exact in float64.  float64 rows keep the exact difference formula."""
     if values.dtype == torch.float64:
         return euclidean_distances(values, values).square()
@@ -395,7 +395,7 @@ def krum_scores(rows: Rows, f: Tensor) -> Tensor:
     return torch.where(admissible, scores, torch.full_like(scores, math.inf))
 
 
-@dataclass(frozen=True)
+@aggregator_options
 class _KrumFamily(_ByzantineBudget):
     """Shared by Krum and Multi-Krum: scores, then the mean of the ``m`` lowest."""
 
@@ -408,7 +408,7 @@ class _KrumFamily(_ByzantineBudget):
     def _selected(self, count: Tensor, f: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         count = rows.count
         f = self._budget(count, (count - 3) // 2)  # largest f with n > 2f + 2
         scores = krum_scores(rows, f)
@@ -418,7 +418,7 @@ class _KrumFamily(_ByzantineBudget):
 
 
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class Krum(_KrumFamily):
     """Krum (Blanchard, El Mhamdi, Guerraoui, Stainer 2017, Sec. 4): the row with the
     smallest score ``sum_{j in n-f-2 nearest} ||x_i - x_j||^2``.  Requires
@@ -433,7 +433,7 @@ class Krum(_KrumFamily):
 
 
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class MultiKrum(_KrumFamily):
     """Multi-Krum (Blanchard et al. 2017, the m-Krum variant): the mean of the ``m`` rows with the
     lowest Krum scores; ``m = n - f`` by default (El Mhamdi et al. 2018).  Requires
@@ -443,11 +443,7 @@ class MultiKrum(_KrumFamily):
     summary = "mean of the m rows with the lowest Krum scores (default m = n - f)"
     reference = "Blanchard, El Mhamdi, Guerraoui, Stainer 2017 (NeurIPS), Multi-Krum (m-Krum)"
 
-    m: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _require_int(self.name, "m", self.m, 1, optional=True)
+    m: Annotated[int | None, Field(ge=1, description="rows averaged (default n - f)")] = None
 
     def check(self, n: int) -> None:
         super().check(n)
@@ -462,7 +458,7 @@ class MultiKrum(_KrumFamily):
 
 # -- geometric median and centered clipping ------------------------------------------------
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class GeometricMedian(Aggregator):
     """Geometric median ``argmin_z sum_j ||z - x_j||`` by Weiszfeld iterations, as in
     RFA (Pillutla, Kakade, Harchaoui 2022, "Robust aggregation for federated
@@ -493,14 +489,10 @@ class GeometricMedian(Aggregator):
         "Vardi & Zhang 2000 (PNAS), modified Weiszfeld"
     )
 
-    iterations: int = 10
-    nu: float = 1e-6
+    iterations: Annotated[int, Field(ge=0, description="Weiszfeld steps")] = 10
+    nu: Annotated[float, Field(gt=0, description="RFA's smoothing: rows within nu of z coincide with it")] = 1e-6
 
-    def __post_init__(self) -> None:
-        _require_int(self.name, "iterations", self.iterations, 0)
-        _require_positive(self.name, "nu", self.nu)
-
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         z = coordinate_median(rows)
         scratch = torch.empty_like(rows.values) if self.iterations else None  # one [N, d] for every step
         for _ in range(self.iterations):
@@ -519,7 +511,7 @@ class GeometricMedian(Aggregator):
 
 
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class CenteredClipping(Aggregator):
     """Centered clipping (Karimireddy, He, Jaggi 2021, "Learning from history for
     Byzantine robust optimization", the CC rule)::
@@ -535,14 +527,10 @@ class CenteredClipping(Aggregator):
     summary = "iterative clipping of the rows around the previous aggregate (radius tau)"
     reference = "Karimireddy, He, Jaggi 2021 (ICML), Learning from history, centered clipping (CC)"
 
-    tau: float = 10.0
-    iterations: int = 1
+    tau: Annotated[float, Field(gt=0, description="clipping radius")] = 10.0
+    iterations: Annotated[int, Field(ge=1, description="clipping steps L")] = 1
 
-    def __post_init__(self) -> None:
-        _require_positive(self.name, "tau", self.tau)
-        _require_int(self.name, "iterations", self.iterations, 1)
-
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         usable = _admissible_or_none(previous)
         shape = (*rows.values.shape[:-2], rows.values.shape[-1])
         if usable is not None and bool(usable.all()) and previous.shape == shape:
@@ -562,7 +550,7 @@ class CenteredClipping(Aggregator):
 
 # -- bucketing -------------------------------------------------------------------------------
 @register
-@dataclass(frozen=True)
+@aggregator_options
 class Bucketing(Aggregator):
     """Bucketing (Karimireddy, He, Jaggi 2022, "Byzantine-robust learning on
     heterogeneous datasets via bucketing", Alg. 1): randomly permute the admissible
@@ -580,16 +568,15 @@ class Bucketing(Aggregator):
     summary = "random buckets of s rows averaged, then an inner robust aggregator"
     reference = "Karimireddy, He, Jaggi 2022 (ICLR), Byzantine-robust learning ... via bucketing, Alg. 1"
 
-    inner: AggregatorSpec = "median"
-    s: int = 2
+    inner: Annotated[
+        Any, Field(validate_default=True, description="the aggregator of the bucket means (a name or {name = ...})")
+    ] = "median"
+    s: Annotated[int, Field(ge=1, description="rows per bucket")] = 2
 
-    def __post_init__(self) -> None:
-        _require_int(self.name, "s", self.s, 1)
-        try:
-            inner = make_aggregator(self.inner)
-        except ValueError as error:
-            raise ValueError(f"{self.name}.inner: {error}") from None
-        object.__setattr__(self, "inner", inner)
+    @field_validator("inner")
+    @classmethod
+    def _inner_aggregator(cls, inner: Any) -> Aggregator:
+        return make_aggregator(inner)  # a ValueError names its own field, after "bucketing.inner: "
 
     def check(self, n: int) -> None:
         super().check(n)
@@ -598,7 +585,7 @@ class Bucketing(Aggregator):
         except ValueError as error:
             raise ValueError(f"{self.name} (s={self.s}, {math.ceil(n / self.s)} buckets of n={n}): {error}") from None
 
-    def _aggregate(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, _ = rows
         n, d = values.shape[-2:]
         batch = values.shape[:-2]

@@ -56,10 +56,15 @@ from defenses.ball_membership import (
     warn_decided_by_rounding,
 )
 from defenses.pairwise_clustering import pairwise_products, run_pairwise
+from defenses.primitives import (
+    WIDENED_DTYPES,
+    admissible_points,
+    euclidean_distances,
+    squared_norms,
+)
 from defenses.radius import RadiusPolicy, RadiusSpec, make_radius
-from defenses.row_reads import _row_products, _rowdot, _scratch, _weighted_rows
+from defenses.row_reads import row_products, rowdot, scratch, weighted_rows
 from robust_pfl.devices import engine
-
 
 Method = Literal["direct", "gram", "pairwise"]
 METHODS: tuple[str, ...] = ("direct", "gram", "pairwise")
@@ -84,20 +89,6 @@ class ClusteringResult:
     nearest: Tensor | None = None
 
 
-def squared_norms(points: Tensor) -> Tensor:
-    """``||z_j||^2`` for every row, ``[..., N]``, by one batched self-dot (no ``[N, d]``
-    temporary).  NaN/Inf coordinates give NaN/Inf; an overflowing sum gives Inf."""
-    return _rowdot(points, points)
-
-
-def admissible_points(points: Tensor) -> Tensor:
-    """``[..., N]`` mask of points with finite coordinates and finite squared norm
-    (taken in float32 for float16 and bfloat16 rows: a float16 row of norm 300 is an
-    ordinary row, though its squared norm overflows float16)."""
-    wide = points.float() if points.dtype in _WIDENED_DTYPES else points
-    return torch.isfinite(squared_norms(wide))
-
-
 def _narrowed(result: ClusteringResult, dtype: torch.dtype) -> ClusteringResult:
     """``result`` (computed in float32) with its values rounded back to ``dtype``."""
     return ClusteringResult(
@@ -107,20 +98,6 @@ def _narrowed(result: ClusteringResult, dtype: torch.dtype) -> ClusteringResult:
         None if result.distances is None else result.distances.to(dtype),
         result.nearest,
     )
-
-
-# Dtypes computed in float32: torch.cdist lacks them, and float16 squared norms overflow.
-_WIDENED_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def euclidean_distances(a: Tensor, b: Tensor) -> Tensor:
-    """``[..., P, Q]`` distances between the rows of ``a[..., P, d]`` and ``b[..., Q, d]``
-    by the difference formula: exact to rounding, and every pair is computed alike, so
-    identical rows get identical distances.  float16 and bfloat16 rows are compared in
-    float32 and their distances rounded back to their dtype."""
-    if a.dtype in _WIDENED_DTYPES:
-        return torch.cdist(a.float(), b.float(), compute_mode="donot_use_mm_for_euclid_dist").to(a.dtype)
-    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
 
 
 def threshold_clustering(
@@ -161,13 +138,13 @@ def threshold_clustering(
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
     if points.dim() not in (2, 3):
         raise ValueError(f"points must be [N, d] or [B, N, d]; got {tuple(points.shape)}")
-    if points.dtype in _WIDENED_DTYPES:
+    policy = make_radius(radius)  # a policy (what the algorithms pass) is used as it is
+    if points.dtype in WIDENED_DTYPES:
         # float16's squared norms overflow from ||z|| = 256: run in float32, round back
         wide = centres.float() if centres.is_floating_point() else centres
-        result = threshold_clustering(points.float(), wide, radius, rounds, method=method,
+        result = threshold_clustering(points.float(), wide, policy, rounds, method=method,
                                       final_distances=final_distances, nearest=nearest)
         return _narrowed(result, points.dtype)
-    policy = make_radius(radius)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)
     if z.shape[1] == 0:
@@ -250,11 +227,10 @@ def _starting_centres(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor | None
 
 
 # Row blocks of :func:`_norms_and_products`, per centre: about one core's L2 cache
-# (2.5 MiB; 4 rows of the MLP 784-200-10 read once for both results measured 9.0 ms
-# against 16.5 ms for the two products over all rows, 13 rows 10.3 ms).  With K
-# centres a block of K times as many rows keeps the small ``[rows, d] x [d, K]``
-# products efficient: K = 4 measured 3.5 / 15.1 ms at N = 64 / 250 against 6.4 / 18.2
-# ms with 4-row blocks (for K = 1 the 2.5 MiB blocks stay best).
+# (2.5 MiB), so each block, read once, serves both results while cached: faster than
+# two products over all rows, and than larger blocks.  With K centres a block of K
+# times as many rows keeps the small ``[rows, d] x [d, K]`` products efficient (for
+# K = 1 the 2.5 MiB blocks stay best; benchmarks/README.md, "Kernel choices").
 _FUSED_BLOCK_BYTES = 5 << 19
 
 
@@ -376,9 +352,10 @@ def _run_gram(
 
 # A round reads the rows whose distance it needs; when that is more than this share
 # of the rows, one product with every row is taken instead, which also makes every
-# distance exact again.  A row read by itself costs about 1.5-2x its share of a full
-# product; 0.3 was best among 0.15-0.5 when replaying FC's clustering on Fig. 6
-# gradients (about 4 full-product equivalents per receiver instead of 10).
+# distance exact again.  A row read by itself costs more than its share of a full
+# product, so past some share the full product is cheaper; 0.3 is the share that did
+# best when FC's clustering was replayed on Fig. 6 gradients (benchmarks/README.md,
+# "Kernel choices").
 _FULL_PRODUCT_SHARE = 0.3
 
 class _CentreDots:
@@ -414,9 +391,9 @@ class _CentreDots:
         self.x_dots = products
         self.b_dots = torch.zeros_like(self.x_dots)
         # [B, K, d] working vectors that never leave the call: reused scratch
-        self.ball = _scratch("ball", v0.shape, v0).zero_()  # b + pending: the ball sum
-        self.pending = _scratch("pending", v0.shape, v0).zero_()  # changes of the ball sum since b
-        self.rho = _scratch("rho", v0.shape, v0).zero_()
+        self.ball = scratch("ball", v0.shape, v0).zero_()  # b + pending: the ball sum
+        self.pending = scratch("pending", v0.shape, v0).zero_()  # changes of the ball sum since b
+        self.rho = scratch("rho", v0.shape, v0).zero_()
         self.sigma, self.t = z.new_ones(batch, k), z.new_zeros(batch, k)
         self.exact = True  # rho == 0
         # rho = gamma * pending while at most one ball change happened since the last
@@ -449,7 +426,7 @@ class _CentreDots:
     def centre_norms(self) -> Tensor:
         """``||v_k||^2`` of the current centres, ``[B, K]``; computed once per round."""
         if self._centre_norms is None:
-            self._centre_norms = _rowdot(self.centres, self.centres)
+            self._centre_norms = rowdot(self.centres, self.centres)
         return self._centre_norms
 
     def slack(self, centre_norms: Tensor | None = None) -> Tensor:
@@ -474,15 +451,15 @@ class _CentreDots:
         known = self._known()
         radius = torch.linalg.vector_norm(self.rho, dim=-1).unsqueeze(-1)  # [B, K, 1]
         free = known  # the squared distance without -2 <z_j, delta_j>
-        centre_dot = _rowdot(self.centres, self.rho).unsqueeze(-1)  # <v, delta_j>
+        centre_dot = rowdot(self.centres, self.rho).unsqueeze(-1)  # <v, delta_j>
         if self.read is not None:
             earlier, alpha, rows, products = self.read
             if self._delta is None:
-                self._delta = _scratch("delta", self.rho.shape, self.rho)
+                self._delta = scratch("delta", self.rho.shape, self.rho)
             delta = torch.addcmul(self.rho, earlier, -alpha.unsqueeze(-1), out=self._delta)
             picked = rows.unsqueeze(1)
             free = torch.where(picked, known - 2 * alpha.unsqueeze(-1) * products, known)
-            centre_dot = torch.where(picked, _rowdot(self.centres, delta).unsqueeze(-1), centre_dot)
+            centre_dot = torch.where(picked, rowdot(self.centres, delta).unsqueeze(-1), centre_dot)
             radius = torch.where(picked, torch.linalg.vector_norm(delta, dim=-1).unsqueeze(-1), radius)
         middle = (free - 2 * centre_dot + radius * radius).clamp_min(0).sqrt()
         reach = 2 * radius * self.lengths.unsqueeze(1)
@@ -512,9 +489,9 @@ class _CentreDots:
                 approximate = torch.where(settled, estimate, lower)
                 if count == 0:
                     return approximate
-                products = _row_products(self.z, rows, self.rho)  # <z_j, rho>
+                products = row_products(self.z, rows, self.rho)  # <z_j, rho>
                 if self._earlier is None:
-                    self._earlier = _scratch("earlier", self.rho.shape, self.rho)
+                    self._earlier = scratch("earlier", self.rho.shape, self.rho)
                 self.read = (self._earlier.copy_(self.rho), torch.ones_like(self.sigma), rows, products)
                 exact = self._finish(self._known() - 2 * products)
                 return self._spread(torch.where(rows.unsqueeze(1), exact, approximate))
@@ -535,7 +512,7 @@ class _CentreDots:
             pending = torch.bmm(self.z, self.pending.transpose(1, 2)).transpose(1, 2)  # [B, K, N]
             residual = self.gamma.unsqueeze(-1) * pending
         else:
-            pair = _scratch("pair", (self.rho.shape[0], 2 * k, self.rho.shape[-1]), self.rho)
+            pair = scratch("pair", (self.rho.shape[0], 2 * k, self.rho.shape[-1]), self.rho)
             vectors = torch.cat([self.rho, self.pending], dim=1, out=pair)  # [B, 2K, d]
             products = torch.bmm(self.z, vectors.transpose(1, 2)).transpose(1, 2)  # [B, 2K, N]
             residual, pending = products[:, :k], products[:, k:]
@@ -554,7 +531,7 @@ class _CentreDots:
         """One round of eq. 24: ``change[B, K, N]`` (+1 entered, -1 left; ``None`` when
         no membership changed) and the ball sizes ``[B, K]``."""
         if change is not None:
-            delta = _weighted_rows(change, self.z)
+            delta = weighted_rows(change, self.z)
             self.pending += delta
             self.ball += delta
             if self.gamma is not None and bool(self.gamma.ne(0).any()):

@@ -59,7 +59,7 @@ def run(config: ConfigLike, *, out_dir: str | Path | None = None, progress: bool
     if out_dir is None:
         table: ResultTable = run_table(parsed, None, progress, resume, validated=True)
         return pandas.DataFrame(table.rows, columns=list(RUN_COLUMNS))
-    run_experiment(parsed, Path(out_dir), progress, resume)
+    run_experiment(parsed, Path(out_dir), progress, resume, validated=True)
     return pandas.read_csv(Path(out_dir) / "history.csv")
 
 

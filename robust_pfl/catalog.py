@@ -1,8 +1,10 @@
 """What is registered, for ``robust-pfl attacks`` and ``robust-pfl defenses``: one line
 per entry (name, tags, summary) and its parameters with defaults.
 
-Reads any registered class: attack and aggregator dataclasses, and algorithms whose
-parameters are a pydantic model (``cls.Params``).
+Reads any registered class: attack and aggregator dataclasses (each option's
+description from its pydantic ``Field``, or a plain dataclass field's
+``metadata["description"]``), and algorithms whose parameters are a pydantic model
+(``cls.Params``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from robust_pfl.registry import REQUIRED, init_parameters
+from robust_pfl.validation import descriptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +32,8 @@ class Entry:
 def parameters_of(cls: type) -> tuple[tuple[str, str], ...]:
     """``(name, text)`` for every constructor parameter of a dataclass (fields with
     ``init=False`` are the class's own state, not options) or of a pydantic ``Params``
-    model (the class itself or ``cls.Params``)."""
+    model (the class itself or ``cls.Params``); ``text`` is the default and the
+    option's one-line description where it has one."""
     model = getattr(cls, "Params", cls)
     if isinstance(model, type) and issubclass(model, BaseModel):
         rows = []
@@ -40,8 +44,8 @@ def parameters_of(cls: type) -> tuple[tuple[str, str], ...]:
             rows.append((info.alias or name, _text(default, info.description)))
         return tuple(rows)
     if dataclasses.is_dataclass(cls):
-        descriptions = {item.name: item.metadata.get("description") for item in dataclasses.fields(cls)}
-        return tuple((name, _text(default, descriptions[name])) for name, default in init_parameters(cls).items())
+        described = descriptions(cls)
+        return tuple((name, _text(default, described.get(name))) for name, default in init_parameters(cls).items())
     return ()
 
 

@@ -18,7 +18,7 @@ def _run(args: argparse.Namespace) -> int:
 
     config = validate(load_config(args.config, device=args.device), args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
-    summary = run_experiment(config, out, resume=args.resume)
+    summary = run_experiment(config, out, resume=args.resume, validated=True)
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
     for method, metrics in summary["final"].items():
         shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(metrics.items()))

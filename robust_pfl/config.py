@@ -23,10 +23,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
 from robust_pfl.devices import DEVICE_PATTERN
 from robust_pfl.placement import ByzantinePlacement
 from robust_pfl.registry import did_you_mean
+from robust_pfl.validation import problem
 
 
 class ConfigError(ValueError):
@@ -268,27 +270,42 @@ def field_path(loc: Sequence[str | int]) -> str:
     return path
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
+def models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models inside a field's annotation (through Optional, list,
     Annotated and Union)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
-    return [model for argument in get_args(annotation) for model in _models_in(argument)]
+    return [model for argument in get_args(annotation) for model in models_in(argument)]
+
+
+def _walk(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[list[type[BaseModel]], FieldInfo | None]:
+    """The models a pydantic location below ``model`` reaches, and the field its last
+    part names (None where that part is a list index or a tagged union's tag)."""
+    models, found = [model], None
+    for part in loc:
+        if isinstance(part, int):
+            found = None
+            continue
+        fields = [parent.model_fields[part] for parent in models if part in parent.model_fields]
+        if fields:
+            found = fields[0]
+            models = [inner for info in fields for inner in models_in(info.annotation)]
+        else:  # a tagged union's tag ("image") selects the member whose ``name`` it is
+            found = None
+            models = [m for m in models if part in get_args(getattr(m.model_fields.get("name"), "annotation", None))]
+    return models, found
 
 
 def allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
     """The keys a config may write at ``loc`` (a pydantic location below ``model``,
     ending at the table that holds the key); empty where no model describes it."""
-    models = [model]
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        fields = [parent.model_fields[part] for parent in models if part in parent.model_fields]
-        if fields:
-            models = [inner for info in fields for inner in _models_in(info.annotation)]
-        else:  # a tagged union's tag ("image") selects the member whose ``name`` it is
-            models = [m for m in models if part in get_args(getattr(m.model_fields.get("name"), "annotation", None))]
-    return [info.alias or name for m in models for name, info in m.model_fields.items()]
+    return [info.alias or name for m in _walk(model, loc)[0] for name, info in m.model_fields.items()]
+
+
+def field_at(model: type[BaseModel], loc: Sequence[str | int]) -> FieldInfo | None:
+    """The field a pydantic location below ``model`` ends at; None where it ends at a
+    list item or no model describes it."""
+    return _walk(model, loc)[1]
 
 
 def validation_problems(
@@ -308,6 +325,8 @@ def validation_problems(
         elif item["type"] == "extra_forbidden":
             allowed = [*allowed_keys(model, loc[:-1]), *(also if len(loc) == 1 else ())]
             message = f"unknown key{did_you_mean(loc[-1], allowed) or f'; allowed: {allowed}'}"
+        elif (info := field_at(model, loc)) is not None and "input" in item:
+            message = problem(info, item["input"])  # the wording attacks and aggregators use
         else:
             message = item["msg"]
         if loc[:1] == ["task"] and loc[1:2] and loc[1] in TASK_TAGS:

@@ -78,23 +78,18 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
         except ValidationError as error:
             also = list(MethodConfig.model_fields)
             raise config_error(source, validation_problems(error, params, (where,), also)) from None
-    if config.attack.name != "none":
-        if config.attack.name not in attacks.REGISTRY:
-            names = ["none", *sorted(attacks.REGISTRY)]
-            raise fail(
-                "attack.name",
-                f"unknown attack {config.attack.name!r}{did_you_mean(config.attack.name, names)}; allowed: {names}",
-            )
-        try:
-            attack = attacks.build(config.attack.name, config.attack.options())
-        except ValueError as error:
-            raise fail("attack", str(error)) from None
-        if "data" in attack.needs and not isinstance(config.task, ImageTaskConfig):
-            raise fail(
-                "attack.name",
-                f"{config.attack.name!r} poisons labels and needs a classification task "
-                f"(task.name = 'image'), not {config.task.name!r}",
-            )
+    try:
+        attack = attacks.build(config.attack.name, config.attack.options())
+    except attacks.UnknownAttack as error:
+        raise fail("attack.name", str(error)) from None
+    except ValueError as error:
+        raise fail("attack", str(error)) from None
+    if attack is not None and "data" in attack.needs and not isinstance(config.task, ImageTaskConfig):
+        raise fail(
+            "attack.name",
+            f"{config.attack.name!r} poisons labels and needs a classification task "
+            f"(task.name = 'image'), not {config.task.name!r}",
+        )
     _check_client_count(config, fail)
     if config.theory is not None and "momentum" in config.theory.estimate:
         silent = [f"methods[{i}] = {m.name!r}" for i, m in enumerate(config.methods)
@@ -162,7 +157,7 @@ def _dataset(name: str, data_dir: str | None) -> LabelledImages:
 
 
 def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federation:
-    attack = None if config.attack.name == "none" else attacks.build(config.attack.name, config.attack.options())
+    attack = attacks.build(config.attack.name, config.attack.options())
     return Federation(
         objective=task.objective,
         train=task.train,
@@ -397,11 +392,14 @@ def progress_bar(total: int, description: str, enabled: bool | None = None):
 
 
 def run_experiment(
-    config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None, resume: bool = False
+    config: ExperimentConfig, out_dir: Path | None = None, progress: bool | None = None, resume: bool = False,
+    validated: bool = False,
 ) -> dict[str, Any]:
     """Run every method for every seed (:func:`run_table`); write
-    ``history.csv``/``summary.json`` when ``out_dir`` is given."""
-    config = validate(config)
+    ``history.csv``/``summary.json`` when ``out_dir`` is given.  ``validated``:
+    ``config`` has been through :func:`validate` already."""
+    if not validated:
+        config = validate(config)
     table = run_table(config, out_dir, progress, resume, validated=True)
     extra = {"config": config.model_dump(mode="json")}
     if out_dir is not None:

@@ -1,10 +1,12 @@
 """Name -> class registries (attacks, algorithms, aggregators), their decorator, and
-the option checks shared by everything built from a user's ``{name, options}``."""
+the option checks shared by everything built from a user's ``{name, options}`` (the
+wording of pydantic's errors for them is :mod:`robust_pfl.validation`'s)."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 T = TypeVar("T", bound=type)
@@ -14,10 +16,19 @@ REQUIRED = "required"
 
 
 def registrar(registry: dict[str, T], kind: str, check: Callable[[T], None] | None = None) -> Callable[[T], T]:
-    """A class decorator adding ``cls`` to ``registry`` under ``cls.name``; a name
-    registered twice is an error.  ``check(cls)`` may reject a class (ValueError)."""
+    """A class decorator adding ``cls`` to ``registry`` under ``cls.name``.  A class
+    without a string ``name`` and ``summary``, one that leaves an abstract method
+    unimplemented, and a name registered twice are errors (``TypeError`` /
+    ``ValueError``, raised where the class is defined).  ``check(cls)`` may reject a
+    class too."""
 
     def register(cls: T) -> T:
+        for attribute in ("name", "summary"):
+            if not isinstance(vars_of(cls).get(attribute), str) or not vars_of(cls)[attribute]:
+                raise TypeError(f"{kind} class {cls.__name__} must set the class attribute {attribute!r} (a non-empty str)")
+        if inspect.isabstract(cls):
+            missing = sorted(cls.__abstractmethods__)
+            raise TypeError(f"{kind} {cls.name!r} ({cls.__name__}) does not implement {', '.join(missing)}")
         if cls.name in registry:
             raise ValueError(f"{kind} {cls.name!r} registered twice")
         if check is not None:
@@ -27,6 +38,14 @@ def registrar(registry: dict[str, T], kind: str, check: Callable[[T], None] | No
 
     register.__doc__ = f"Class decorator: add a {kind} class to the registry under ``cls.name``."
     return register
+
+
+def vars_of(cls: type) -> dict[str, Any]:
+    """The class attributes ``cls`` sees, its own and inherited (the nearest wins)."""
+    seen: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        seen.update(vars(klass))
+    return seen
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
@@ -58,11 +77,18 @@ def check_options(where: str, owner: str, options: Iterable[str], parameters: Ma
     ``parameters`` (``{name: default}``), ``<where>.<key> is not an option (did you mean
     ...?); <owner> accepts the fields: p (default v), ...``, or for a missing required
     one.  ``owner`` names what was asked for, e.g. ``"attack 'bit_flip'"``."""
+    problem = options_problem(where, owner, options, parameters)
+    if problem is not None:
+        raise ValueError(problem)
+
+
+def options_problem(where: str, owner: str, options: Iterable[str], parameters: Mapping[str, Any]) -> str | None:
+    """:func:`check_options`'s message, or ``None`` when ``options`` are fine."""
     options = list(options)
     unknown = [key for key in options if key not in parameters]
     missing = [key for key, value in parameters.items() if value is REQUIRED and key not in options]
     if not unknown and not missing:
-        return
+        return None
     listed = ", ".join(
         f"{key} (required)" if value is REQUIRED else f"{key} (default {value!r})" for key, value in parameters.items()
     )
@@ -70,4 +96,4 @@ def check_options(where: str, owner: str, options: Iterable[str], parameters: Ma
         problem = f"{where}.{unknown[0]} is not an option{did_you_mean(unknown[0], parameters)}"
     else:
         problem = f"{where}: the required field {missing[0]!r} is missing"
-    raise ValueError(f"{problem}; {owner} accepts the fields: {listed or 'none'}")
+    return f"{problem}; {owner} accepts the fields: {listed or 'none'}"

@@ -142,7 +142,7 @@ def test_check_aggregator_passes_every_registered_rule_and_names_a_broken_one():
         name: ClassVar[str] = "zeros_counted_test"
         summary: ClassVar[str] = "mean over all N rows"
 
-        def _aggregate(self, rows, previous, generator):
+        def aggregate_rows(self, rows, previous, generator):
             return rows.values.mean(-2)
 
     with pytest.raises(ConformanceError, match="inadmissible row changed the aggregate"):
@@ -185,6 +185,29 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
 def test_invalid_parameters_raise_naming_the_field(name, options, message):
     with pytest.raises(ValueError, match=message):
         make_aggregator({"name": name, **options})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_built_in_aggregators_stay_frozen_dataclasses(name):
+    """Validated by pydantic, still a frozen dataclass: equality, hashing, pickling
+    (checkpoints), replace; bools are not numbers; every option described."""
+    import pickle
+
+    cls = AGGREGATORS[name]
+    agg = make_aggregator(name)
+    assert dataclasses.is_dataclass(agg) and cls.__dataclass_params__.frozen
+    assert agg == make_aggregator(name) and hash(agg) == hash(make_aggregator(name))
+    assert pickle.loads(pickle.dumps(agg)) == agg and dataclasses.replace(agg) == agg
+    for field in dataclasses.fields(cls):
+        with pytest.raises(ValueError, match=rf"{name}\.{field.name}.*got True"):
+            cls(**{field.name: True})
+    assert set(describe(cls)["descriptions"]) == {field.name for field in dataclasses.fields(cls)}
+
+
+def test_aggregator_name_of_the_wrong_type_is_a_value_error():
+    for spec in ({"name": {"a": 1}}, {"name": ["krum"]}, {"name": "bucketing", "inner": {"name": {"a": 1}}}):
+        with pytest.raises(ValueError, match=r"aggregator\.name must be one of"):
+            make_aggregator(spec)
 
 
 CHECKS: list[tuple[Aggregator, int, str]] = [
@@ -270,7 +293,7 @@ def test_median_and_trimmed_mean_equal_the_masked_sums_of_torch_sorted_columns(l
     f = data.draw(st.integers(0, (n - 1) // 2))
     cut = torch.minimum(torch.full_like(count, f), ((count - 1) // 2).clamp_min(0))  # the budget's cap
     trimmed = _mean_of_order_statistics(masked, count, cut, count - cut)
-    assert torch.equal(_bits(TrimmedMean(f=f)._aggregate(rows, None, None)), _bits(trimmed))
+    assert torch.equal(_bits(TrimmedMean(f=f).aggregate_rows(rows, None, None)), _bits(trimmed))
 
 
 @FAST
@@ -515,3 +538,13 @@ def test_robust_global_resists_large_gradients_where_fedavg_does_not():
         runs[label] = float(algo.client_models().abs().max())
     assert runs["mean"] > 1e3
     assert all(value < 1e2 for name, value in runs.items() if name != "mean"), runs
+
+
+def test_an_aggregator_without_aggregate_rows_is_refused_where_it_is_registered():
+    @dataclasses.dataclass(frozen=True)
+    class Nothing(Aggregator):
+        name, summary = "nothing_test", "implements no rule"
+
+    with pytest.raises(TypeError, match="does not implement aggregate_rows"):
+        defenses.register_aggregator(Nothing)
+    assert "nothing_test" not in AGGREGATORS

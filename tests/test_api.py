@@ -152,3 +152,20 @@ def test_the_readmes_python_example_runs_as_written(monkeypatch):
         attacks.REGISTRY.pop("shift", None)
     accuracy = namespace["accuracy"]
     assert set(accuracy["round"]) >= {0, 50} and set(accuracy["method"]) == set(namespace["frame"]["method"])
+
+
+@pytest.mark.parametrize("entry", ["cli", "run", "run_to_dir"])
+def test_a_run_validates_its_config_once(entry, tmp_path, monkeypatch):
+    """Validation (registries, data, device) runs once per run, whichever entry
+    point starts it."""
+    import robust_pfl.experiments as experiments
+
+    calls = []
+    original = experiments.validate
+    monkeypatch.setattr(experiments, "validate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    config = small_run(seeds=[0], rounds=1)
+    if entry == "cli":
+        assert main(["run", str(as_toml(config, tmp_path / "c.toml")), "--out", str(tmp_path / "out")]) == 0
+    else:
+        robust_pfl.run(config, out_dir=tmp_path / "out" if entry == "run_to_dir" else None)
+    assert len(calls) == 1

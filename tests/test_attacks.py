@@ -173,7 +173,7 @@ def test_check_attack_names_the_broken_property(fault, named):
 def test_bit_flip_reads_its_own_rows_only_from_the_own_source():
     for source, reads in (("own", True), ("client", False), ("client_model", False), ("mean", False)):
         assert attack_reads_own_rows(attacks.build("bit_flip", {"source": source})) is reads
-    assert attack_reads_own_rows(AttackBase())  # the declared default: it reads
+    assert AttackBase.reads_own_rows  # the declared default: it reads
 
 
 def test_bit_flip_write_from_refuses_the_own_source():
@@ -225,7 +225,7 @@ def test_reads_messages_follows_the_configuration():
     assert not attacks.reads_messages(attacks.build("gaussian_noise", {"around": "zero"}))
     assert attacks.reads_messages(attacks.build("gaussian_noise", {"around": "own"}))
     assert attacks.reads_messages(attacks.build("bit_flip"))
-    assert attacks.reads_messages(AttackBase())  # the declared default: it reads
+    assert AttackBase.reads_messages  # the declared default: it reads
 
 
 def test_every_attack_with_parameters_has_an_invalid_case():
@@ -242,6 +242,56 @@ def test_invalid_hyperparameters_name_the_field(name, options, field):
     with pytest.raises(ValueError) as info:
         attacks.build(name, options)
     assert f"{name}.{field}" in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("bit_flip", {"scale": True}, "bit_flip.scale must be a finite number, got True"),
+    ("bit_flip", {"client": 1.0}, "bit_flip.client must be an integer >= 0, got 1.0"),
+    ("ipm", {"eps": math.inf}, "ipm.eps must be a finite number > 0, got inf"),
+    ("ball_edge", {"direction": "awya"},
+     "ball_edge.direction must be one of ['away', 'other_centre'], got 'awya' (did you mean 'away'?)"),
+    ("ball_edge", {"fallback_quantile": math.nan}, "ball_edge.fallback_quantile must be a number in [0, 1], got nan"),
+    ("alie", {"z": True}, "alie.z must be a finite number >= 0 or None, got True"),
+    ("label_flip", {"shift": "1"}, "label_flip.shift must be an integer, got '1'"),
+    ("optimised", {"scales": [1.0, math.inf]}, "optimised.scales must be a non-empty list, each a finite number > 0"),
+    ("forged_loss", {"payload": "bitflip"}, "got 'bitflip' (did you mean 'bit_flip'?)"),
+    ("ipm", {"epss": 0.1}, "ipm.epss is not an option (did you mean 'eps'?); attack 'ipm' accepts the fields: eps"),
+])
+def test_option_errors_name_the_field_what_it_accepts_and_what_was_given(name, options, message):
+    """One wording for every attack option (robust_pfl.validation), whether built from
+    a config or constructed directly; bools are not numbers."""
+    for build in (lambda: attacks.build(name, options), lambda: attacks.REGISTRY[name](**options)):
+        with pytest.raises(ValueError) as info:
+            build()
+        assert message in str(info.value)
+        assert type(info.value) is ValueError  # not pydantic's ValidationError
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_built_in_attacks_stay_frozen_dataclasses(name):
+    """Validated by pydantic, still a plain frozen dataclass to everything else: fields
+    with plain defaults, equality, hashing, pickling (checkpoints) and replace; every
+    option described for ``robust-pfl attacks``."""
+    import pickle
+
+    from robust_pfl.registry import init_parameters
+
+    cls = attacks.REGISTRY[name]
+    options = dict(EXAMPLES.get(name, [{}])[0])
+    attack = cls(**options)
+    assert dataclasses.is_dataclass(attack) and cls.__dataclass_params__.frozen
+    assert attack == cls(**options) and hash(attack) == hash(cls(**options))
+    again = pickle.loads(pickle.dumps(attack))
+    assert again == attack and repr(again) == repr(attack)
+    assert dataclasses.replace(attack) == attack
+    fields = [item for item in dataclasses.fields(cls) if item.init]
+    assert init_parameters(cls) == {
+        item.name: item.default_factory() if item.default is dataclasses.MISSING else item.default for item in fields
+    }
+    if fields:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(attack, fields[0].name, getattr(attack, fields[0].name))
+    assert set(attacks.describe(cls)["descriptions"]) == {item.name for item in fields}
 
 
 def test_unknown_option_is_a_value_error():
@@ -565,3 +615,26 @@ def test_an_attack_must_subclass_the_declared_contract():
     task = SyntheticLinearRegression(clusters=2, clients_per_cluster=2).build(0, byzantine_total=1)
     with pytest.raises(TypeError, match="AttackBase.*got Undeclared"):
         Federation(task.objective, task.train, task.cluster_ids, task.byzantine, 0, None, Undeclared())
+
+
+def test_an_attack_without_a_call_or_a_name_is_refused_where_it_is_registered():
+    """The contract is declared: ``__call__`` is abstract, ``name`` and ``summary``
+    required; registering a class that misses one fails at its definition."""
+
+    @dataclasses.dataclass(frozen=True)
+    class NoCall(AttackBase):
+        name, summary = "no_call", "forgets __call__"
+
+    with pytest.raises(TypeError, match="does not implement __call__"):
+        attacks.register(NoCall)
+
+    @dataclasses.dataclass(frozen=True)
+    class NoName(AttackBase):
+        summary = "forgets its name"
+
+        def __call__(self, messages, context):
+            return messages
+
+    with pytest.raises(TypeError, match="'name'"):
+        attacks.register(NoName)
+    assert "no_call" not in attacks.REGISTRY

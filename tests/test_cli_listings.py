@@ -23,6 +23,22 @@ def test_defenses_listing_names_algorithms_and_aggregators(capsys):
     assert not any(line.startswith("      ") for line in out.splitlines())  # --brief: no parameters
 
 
+def test_listings_describe_attack_and_aggregator_options(capsys):
+    """Every option of a built-in attack or aggregator is listed with its default and
+    its one-line description (its pydantic Field's)."""
+    main(["attacks"])
+    listed = capsys.readouterr().out
+    assert "      scale: default 1.0  the rows sent are -scale * g" in listed  # bit_flip
+    described = [attacks.describe(cls)["descriptions"] for cls in attacks.REGISTRY.values()]
+    main(["defenses"])
+    listed += capsys.readouterr().out
+    assert "      s: default 2  rows per bucket" in listed  # bucketing
+    described += [defenses.robust_aggregators.describe(cls)["descriptions"] for cls in defenses.AGGREGATORS.values()]
+    for options in described:
+        for option, text in options.items():
+            assert f"      {option}: default " in listed and f"  {text}" in listed, (option, text)
+
+
 def test_defenses_listing_shows_config_names_of_aliased_parameters(capsys):
     main(["defenses"])
     assert "      lambda: default 1.0" in capsys.readouterr().out  # Ditto's `lam` field

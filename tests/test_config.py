@@ -183,3 +183,71 @@ def test_missing_file_and_invalid_toml_raise_config_error(tmp_path):
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+# -- wrongly typed options: a config error naming the field, never a TypeError ---------------
+HOSTILE_RADIUS = {
+    "q list": ('{ policy = "quantile", q = [0.2] }', "radius.q"),
+    "q string": ('{ policy = "quantile", q = "0.2" }', "radius.q"),
+    "q bool": ('{ policy = "quantile", q = true }', "radius.q"),
+    "factor string": ('{ policy = "quantile", q = 0.2, factor = "x" }', "radius.factor"),
+    "tau string": ('{ policy = "fixed", tau = "1" }', "radius.tau"),
+    "c list": ('{ policy = "theory", delta = 0.5, sigma = 1.0, separation = 1.0, c = [1] }', "radius.c"),
+    "strict int": ('{ policy = "quantile", q = 0.2, strict = 1 }', "radius.strict"),
+    "iterations float": ('{ policy = "cd", iterations = 2.5 }', "radius.iterations"),
+    "policy list": ('{ policy = ["quantile"] }', "radius.policy"),
+    "policy table": ("{ policy = { x = 1 } }", "radius.policy"),
+    "radius string": ('"0.2"', "radius must be"),
+    "radius bool": ("true", "radius must be"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_RADIUS))
+def test_wrongly_typed_radius_is_a_config_error_naming_the_field(tmp_path, case):
+    spec, field = HOSTILE_RADIUS[case]
+    for method in ("fc", "mc", "myopic"):
+        path = write(tmp_path, f'[[methods]]\nname = "{method}"\nradius = {spec}\n')
+        try:
+            load_and_validate(path)
+        except ConfigError as error:
+            message = str(error)
+        else:
+            pytest.fail(f"radius = {spec} was accepted")
+        assert "methods[0].radius: " in message and field in message, message
+        assert "got " in message, message  # what was given is shown
+
+
+def test_radius_is_parsed_once_into_the_policy_the_algorithm_uses(tmp_path):
+    from defenses.radius import QuantileRadius
+
+    text = '[[methods]]\nname = "fc"\nradius = { policy = "quantile", q = 0.3 }\n'
+    config = load_and_validate(write(tmp_path, text))
+    params = defenses.REGISTRY["fc"].Params(**config.methods[0].options())
+    assert params.radius == QuantileRadius(0.3) and params.radius_policy() is params.radius
+    assert defenses.REGISTRY["fc"].Params().radius == QuantileRadius(0.2)  # the default, parsed too
+    assert config.methods[0].options()["radius"] == {"policy": "quantile", "q": 0.3}  # the config keeps the spec
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('[[methods]]\nname = "global"\naggregator = { name = { a = 1 } }\n',
+         ["methods[0].aggregator", "aggregator.name must be one of", "got {'a': 1}"]),
+        ('[[methods]]\nname = "global"\naggregator = { name = "krum", f = true }\n',
+         ["methods[0].aggregator", "krum.f must be an integer >= 0 or None, got True"]),
+        ('[[methods]]\nname = "global"\naggregator = { name = "bucketing", inner = { name = [1] } }\n',
+         ["methods[0].aggregator", "bucketing.inner: aggregator.name"]),
+        ('[attack]\nname = "bit_flip"\nscale = "2"\n' + METHOD,
+         ["attack", "bit_flip.scale must be a finite number, got '2'"]),
+        ('[attack]\nname = "forged_loss"\npayload = { a = 1 }\n' + METHOD,
+         ["attack", "forged_loss.payload must be a string"]),
+        ('[attack]\nname = "optimised"\nbase = { name = ["alie"] }\n' + METHOD, ["attack", "optimised.base"]),
+        ('[attack]\nname = "optimised"\nscales = [1.0, true]\n' + METHOD,
+         ["attack", "optimised.scales must be a non-empty list"]),
+    ],
+)
+def test_wrongly_typed_aggregator_and_attack_options_are_config_errors(tmp_path, text, words):
+    with pytest.raises(ConfigError) as info:
+        load_and_validate(write(tmp_path, text))
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))

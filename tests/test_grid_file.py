@@ -133,12 +133,12 @@ BAD = {
     ),
     "wrong type inside a list": (
         '[grid]\nbyzantine.total = [0, "two"]\n',
-        "  grid.byzantine.total[1]: Input should be a valid integer",
+        "  grid.byzantine.total[1]: must be an integer >= 0, got 'two'",
     ),
     "empty list": ("[grid]\nbyzantine.total = []\n", "  grid.byzantine.total: empty list; give at least one value"),
     "unknown path": ("[grid]\nnosuch = [1, 2]\n", "  grid.nosuch: unknown field 'nosuch'"),
     "not a list": ("[grid]\nrounds = 5\n", "  grid.rounds: must be a list of values"),
-    "bad method option": ("[grid]\nmethod.lr = [0.1, -1.0]\n", "  grid.method.lr[1]: Input should be greater than 0"),
+    "bad method option": ("[grid]\nmethod.lr = [0.1, -1.0]\n", "  grid.method.lr[1]: must be a number > 0, got -1.0"),
     "unknown nested path": (
         "[grid]\ntask.kindd = [1]\n",
         "  grid.task.kindd: unknown field 'task.kindd' (did you mean 'kind'?)",
@@ -164,7 +164,7 @@ def test_bad_grid_fails_before_any_cell_naming_the_field(case, tmp_path, monkeyp
 def test_base_field_errors_name_the_base_field():
     with pytest.raises(ConfigError) as caught:
         expand_grid(base(rounds=0), "g")
-    assert "\n  rounds: Input should be greater than or equal to 1" in str(caught.value)
+    assert "\n  rounds: must be an integer >= 1, got 0" in str(caught.value)
     with pytest.raises(ConfigError, match=r"\n  seeds\[1\]: the same value as seeds\[0\]"):
         expand_grid(base(seeds=[1, 1]), "g")
     methods = [{"name": "fc"}, {"name": "nope"}]

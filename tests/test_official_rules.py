@@ -104,12 +104,12 @@ def test_official_quantile_is_batched_per_row():
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        ({"policy": "quantile", "q": 0.2, "rule": "numpy"}, ["radius rule", "official", "interpolated", "numpy"]),
-        ({"policy": "quantile", "q": 0.2, "rule": "offical"}, ["radius rule", "did you mean 'official'"]),
-        ({"policy": "quantile", "q": 0.2, "rule": "official", "factor": 0.99}, ["radius factor", "'interpolated' only"]),
-        ({"policy": "quantile", "q": 0.2, "rule": "official", "strict": True}, ["radius strict", "'interpolated' only"]),
-        ({"policy": "cd", "fit": "kmeans"}, ["radius fit", "kmeans++", "lloyd"]),
-        ({"policy": "cd", "fit": "kmeans++", "iterations": 5}, ["radius iterations", "'lloyd' only"]),
+        ({"policy": "quantile", "q": 0.2, "rule": "numpy"}, ["radius.rule", "official", "interpolated", "numpy"]),
+        ({"policy": "quantile", "q": 0.2, "rule": "offical"}, ["radius.rule", "did you mean 'official'"]),
+        ({"policy": "quantile", "q": 0.2, "rule": "official", "factor": 0.99}, ["radius.factor", "'interpolated' only"]),
+        ({"policy": "quantile", "q": 0.2, "rule": "official", "strict": True}, ["radius.strict", "'interpolated' only"]),
+        ({"policy": "cd", "fit": "kmeans"}, ["radius.fit", "kmeans++", "lloyd"]),
+        ({"policy": "cd", "fit": "kmeans++", "iterations": 5}, ["radius.iterations", "'lloyd' only"]),
     ],
 )
 def test_official_options_reject_bad_values_naming_the_field(spec, words):

@@ -154,19 +154,19 @@ def test_cd_policy_unequal_groups_batched(fit):
     [
         ({"policy": "median"}, ["radius.policy", "median"]),
         ({"q": 0.2}, ["radius.policy", "None"]),
-        ({"policy": "quantile", "q": 1.5}, ["radius q", "1.5"]),
-        ({"policy": "quantile", "q": -0.1}, ["radius q", "-0.1"]),
-        ({"policy": "quantile", "q": 0.2, "factor": 0.0}, ["radius factor"]),
+        ({"policy": "quantile", "q": 1.5}, ["radius.q", "1.5"]),
+        ({"policy": "quantile", "q": -0.1}, ["radius.q", "-0.1"]),
+        ({"policy": "quantile", "q": 0.2, "factor": 0.0}, ["radius.factor"]),
         ({"policy": "quantile", "qq": 0.2}, ["quantile", "qq"]),
         ({"policy": "quantile"}, ["quantile", "'q'"]),
-        ({"policy": "fixed", "tau": -1.0}, ["radius tau", "-1.0"]),
-        ({"policy": "fixed", "tau": math.nan}, ["radius tau", "nan"]),
-        ({"policy": "theory", "delta": 0.0, "sigma": 1.0, "separation": 1.0}, ["radius delta"]),
-        ({"policy": "theory", "delta": 0.5, "sigma": -1.0, "separation": 1.0}, ["radius sigma"]),
-        ({"policy": "theory", "delta": 0.5, "sigma": 1.0, "separation": -2.0}, ["radius separation"]),
-        ({"policy": "theory", "delta": 0.5, "sigma": 1.0, "separation": 1.0, "c": 0.0}, ["radius c "]),
-        ({"policy": "cd", "iterations": 0}, ["radius iterations"]),
-        (-0.5, ["radius tau", "-0.5"]),
+        ({"policy": "fixed", "tau": -1.0}, ["radius.tau", "-1.0"]),
+        ({"policy": "fixed", "tau": math.nan}, ["radius.tau", "nan"]),
+        ({"policy": "theory", "delta": 0.0, "sigma": 1.0, "separation": 1.0}, ["radius.delta"]),
+        ({"policy": "theory", "delta": 0.5, "sigma": -1.0, "separation": 1.0}, ["radius.sigma"]),
+        ({"policy": "theory", "delta": 0.5, "sigma": 1.0, "separation": -2.0}, ["radius.separation"]),
+        ({"policy": "theory", "delta": 0.5, "sigma": 1.0, "separation": 1.0, "c": 0.0}, ["radius.c "]),
+        ({"policy": "cd", "iterations": 0}, ["radius.iterations"]),
+        (-0.5, ["radius.tau", "-0.5"]),
         ("0.2", ["radius must be", "0.2"]),
         (True, ["radius must be", "True"]),
     ],
@@ -180,12 +180,33 @@ def test_make_radius_errors_name_the_field(spec, words):
         assert word in str(error.value), (word, str(error.value))
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [1.5, {"policy": "fixed", "tau": math.inf}, {"policy": "theory", "delta": 0.5, "sigma": 1.0, "separation": 2.0},
+     {"policy": "quantile", "q": 0.2, "rule": "official"}, {"policy": "cd", "fit": "kmeans++"}],
+)
+def test_radius_policies_stay_frozen_dataclasses(spec):
+    """Validated by pydantic (robust_pfl.validation), still frozen dataclasses: equal
+    and hashable by value, pickled in checkpoints, replaced field by field."""
+    import dataclasses
+    import pickle
+
+    policy = make_radius(spec)
+    assert make_radius(policy) is policy  # an object is used as it is, never parsed again
+    assert policy == make_radius(spec) and hash(policy) == hash(make_radius(spec))
+    assert pickle.loads(pickle.dumps(policy)) == policy and dataclasses.replace(policy) == policy
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.strict = True
+    with pytest.raises(ValueError, match=r"radius\.strict must be true or false, got 1"):
+        dataclasses.replace(policy, strict=1)
+
+
 def test_algorithm_params_reject_bad_radius_at_config_time():
     """A bad radius inside an algorithm's parameters fails when the parameters are
     validated (config-load time), naming the radius field and the bad parameter."""
     with pytest.raises(ValidationError) as error:
         FederatedClustering.Params(radius={"policy": "quantile", "q": 2.0})
-    assert "radius" in str(error.value) and "radius q" in str(error.value)
+    assert "radius" in str(error.value) and "radius.q" in str(error.value)
     with pytest.raises(ValidationError) as error:
         MomentumClustering.Params(radius={"policy": "nope"})
     assert "radius" in str(error.value) and "nope" in str(error.value)

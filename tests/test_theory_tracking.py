@@ -164,8 +164,8 @@ def test_estimates_written_to_history(tmp_path):
     "table, field, shown",
     [
         ('estimate = ["A", "sigmaa"]', "theory.estimate[1]", "'A', 'Delta', 'sigma', 'L', 'mu' or 'momentum'"),
-        ("estimate = []", "theory.estimate", "at least 1"),
-        ('estimate = ["A"]\nevery = 0', "theory.every", "greater than or equal to 1"),
+        ("estimate = []", "theory.estimate", "must be a non-empty list"),
+        ('estimate = ["A"]\nevery = 0', "theory.every", "must be an integer >= 1, got 0"),
         ('estimate = ["A"]\nevry = 5', "theory.evry", "did you mean 'every'"),
         ('estimate = ["A", "A"]', "theory.estimate", "distinct"),
         ('estimate = "A"', "theory.estimate", "list"),

@@ -96,6 +96,13 @@ def test_unknown_attack_lists_the_names_once_with_a_suggestion(tmp_path):
     assert message.count("'large_gradient'") == 1
 
 
+def test_no_attack_with_options_is_refused_naming_the_option(tmp_path):
+    """``name = "none"`` takes no options: one given is a mistake (a misspelled attack
+    name's options), not something to ignore."""
+    message = config_message(write(tmp_path, '[attack]\nname = "none"\nscale = 3.0\n' + METHOD))
+    assert "attack: none.scale is not an option" in message and "accepts the fields: none" in message
+
+
 def test_attack_listing_shows_no_internal_field(capsys):
     status, out, _ = run_cli(["attacks"], capsys)
     assert status == 0
