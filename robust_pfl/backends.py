@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 import time
@@ -21,6 +22,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Resources
+from robust_pfl.plugins import PluginSource, install_sources
 
 BACKENDS = ("local", "ray")
 
@@ -34,6 +36,8 @@ class CellTask:
     source: str  # for messages: "<grid file> cell <cell> (attack=..., method=..., seed=...)"
     checkpoint: str | None  # the cell's checkpoint file, or None
     threads: int  # torch intra-op threads for the cell
+    #: the config's plug-ins as the grid imported them (robust_pfl.plugins.shipped_sources)
+    plugins: tuple[PluginSource, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,8 +52,9 @@ class CellOutcome:
 
 def execute_cell(task: CellTask) -> CellOutcome:
     """Run one cell on ``task.threads`` torch threads with deterministic algorithms
-    (restored afterwards, so an in-process run leaves the caller's settings); an
-    ``Exception`` becomes the outcome's ``error``.  A checkpointed (long) cell writes a
+    (restored afterwards, so an in-process run leaves the caller's settings), after
+    importing the plug-ins shipped with it; an ``Exception`` becomes the outcome's
+    ``error``.  A checkpointed (long) cell writes a
     line to stderr when it resumes and at each checkpoint, with its minutes so far."""
     import torch
 
@@ -62,6 +67,7 @@ def execute_cell(task: CellTask) -> CellOutcome:
     rows: list[dict[str, Any]] = []
     error = None
     try:
+        install_sources(task.plugins, task.source)
         with deterministic_kernels_within(task.config.get("device", "cpu")):
             checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
             report = None if checkpoint is None else partial(_report, task.source, start)
@@ -131,7 +137,18 @@ def exit_with_parent(parent: int, interval: float = 0.5) -> None:
     """Pool worker initializer: end this worker once process ``parent`` (the grid's)
     is gone.  A killed grid process stops no worker itself; left running, a worker
     would finish its cell for nobody, then idle forever, and a rerun's worker would
-    race it for the cell's checkpoint file."""
+    race it for the cell's checkpoint file.
+
+    It runs before the worker takes its first cell.  On Linux the kernel then kills the
+    worker the moment its parent dies (``PR_SET_PDEATHSIG``), so no write of a cell
+    can follow the grid's death; a parent already gone (it died while the worker was
+    importing) ends the worker here.  (The kernel's "parent" is the thread that started
+    the worker: the pool is started by the thread that runs the grid, which outlives
+    its cells.)  Elsewhere a thread polls every ``interval`` seconds."""
+    if _kill_me_with_parent() and os.getppid() == parent:
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -139,6 +156,23 @@ def exit_with_parent(parent: int, interval: float = 0.5) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _kill_me_with_parent() -> bool:
+    """Ask the Linux kernel to SIGKILL this process when its parent dies; False where
+    that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _outcome(future: Future[CellOutcome], task: CellTask) -> CellOutcome:

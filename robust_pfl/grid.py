@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Sequence
 from robust_pfl.backends import Backend, CellOutcome, CellTask, LocalBackend
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Grid, GridCell
-from robust_pfl.results import _json_safe, atomic_write_text, write_outputs
+from robust_pfl.plugins import PluginSource, shipped_sources
+from robust_pfl.results import json_safe, atomic_write_text, write_outputs
 
 if TYPE_CHECKING:
     import pandas
@@ -195,7 +196,7 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
         errors: dict[str, str] = {}
         try:
             with progress_bar(len(todo), f"grid {Path(grid.source).name}", progress) as bar:
-                for outcome in backend.map_unordered([_task(grid, cell, out) for cell in todo]):
+                for outcome in backend.map_unordered(_tasks(grid, todo, out)):
                     cell = by_key[outcome.cell]
                     store.append(cell, outcome)
                     if outcome.error is None:
@@ -222,13 +223,26 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
     return summary
 
 
-def _task(grid: Grid, cell: GridCell, out: Path) -> CellTask:
+def _tasks(grid: Grid, cells: Sequence[GridCell], out: Path) -> list[CellTask]:
+    """The cells' tasks, each carrying its plug-ins' source (read once per grid run, so
+    every cell runs the code the grid was validated against)."""
+    shipped: dict[tuple[str, ...], tuple[PluginSource, ...]] = {}
+    tasks = []
+    for cell in cells:
+        entries = list(cell.config.get("plugins") or [])
+        if tuple(entries) not in shipped:
+            shipped[tuple(entries)] = shipped_sources(entries)
+        tasks.append(_task(grid, cell, out, shipped[tuple(entries)]))
+    return tasks
+
+
+def _task(grid: Grid, cell: GridCell, out: Path, plugins: tuple[PluginSource, ...] = ()) -> CellTask:
     checkpoint = None
     if cell.config.get("checkpoint_every"):
         (out / CHECKPOINTS).mkdir(exist_ok=True)
         checkpoint = str(out / CHECKPOINTS / f"{cell.cell}.pt")
     source = f"{grid.source} cell {cell.cell} ({cell.describe()})"
-    return CellTask(cell.cell, cell.config, source, checkpoint, grid.resources.threads)
+    return CellTask(cell.cell, cell.config, source, checkpoint, grid.resources.threads, plugins)
 
 
 def _remove_checkpoint(out: Path, cell: GridCell) -> None:
@@ -245,7 +259,7 @@ def _record_cells(path: Path, cells: Sequence[GridCell]) -> None:
             recorded = {}
     for cell in cells:
         recorded[cell.cell] = {"axes": cell.axes, "config": cell.config}
-    text = json.dumps(_json_safe({"cells": recorded}), indent=1, sort_keys=True, allow_nan=False)
+    text = json.dumps(json_safe({"cells": recorded}), indent=1, sort_keys=True, allow_nan=False)
     atomic_write_text(path, text + "\n")
 
 

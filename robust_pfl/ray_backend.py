@@ -16,6 +16,11 @@ error, the other cells go on, and a rerun of the grid runs it again.
 What a cluster needs:
 
 - ``robust-pfl`` (and its torch) installed on every node, at the driver's version;
+- nothing for the grid's ``plugins``: each task carries the source text of its ``.py``
+  plug-ins (and of single-file plug-in modules) as the driver imported them, and the
+  worker imports that before it builds the cell
+  (:func:`robust_pfl.plugins.shipped_sources`, which says why this rather than a
+  ``runtime_env``); a plug-in that is a package must be installed on every node;
 - every path in the grid (data directories, the output directory, which holds the
   cells' checkpoints) valid on every node: a shared filesystem, or absolute paths that
   exist on each node.  On a local instance, workers share the driver's working

@@ -151,3 +151,12 @@ def test_pool_workers_end_with_a_killed_grid_process():
     finally:
         for pid in filter(alive, workers):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_whose_grid_died_while_it_started_exits_before_taking_a_cell():
+    """A pool worker imports for seconds before its initializer runs; if the grid's
+    process died meanwhile, the initializer ends the worker at once (exit status 1),
+    before it could take a queued cell and write for nobody."""
+    script = "import os\nfrom robust_pfl.backends import exit_with_parent\nexit_with_parent(os.getppid() + 10**7)\nprint('took a cell')"
+    finished = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 1 and "took a cell" not in finished.stdout
