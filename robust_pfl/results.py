@@ -20,6 +20,7 @@ import csv
 import io
 import json
 import math
+import glob
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -67,10 +68,13 @@ Content = Union[str, Callable[[Path], None]]
 SUMMARY = "summary.json"
 
 
-def _stage(path: Path, content: Content) -> Path:
+def staged_file(path: Path, content: Content) -> Path:
     """Write ``content`` to a new temporary file beside ``path`` (same suffix, so that
-    writers that infer the format from it work) and return the temporary path."""
+    writers that infer the format from it work) and return the temporary path.
+    Temporaries of ``path`` that a killed write left behind are removed first (a file
+    has one writer at a time)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(path)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     temporary = Path(name)
     try:
@@ -89,15 +93,22 @@ def _stage(path: Path, content: Content) -> Path:
     return temporary
 
 
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of ``path`` (:func:`staged_file`'s ``.<name>.*`` files
+    beside it) that a killed write left behind."""
+    for stale in path.parent.glob(f"{glob.escape(f'.{path.name}.')}*"):
+        stale.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same directory."""
-    os.replace(_stage(path, text), path)
+    os.replace(staged_file(path, text), path)
 
 
 def save_png(figure: Any, target: Path, **options: Any) -> None:
     """Save a matplotlib figure as ``target`` via a temporary file (``options`` go to
     ``savefig``; default ``dpi=110``)."""
-    os.replace(_stage(target, png_writer(figure, **options)), target)
+    os.replace(staged_file(target, png_writer(figure, **options)), target)
 
 
 def png_writer(figure: Any, **options: Any) -> Callable[[Path], None]:
@@ -122,7 +133,7 @@ def write_outputs(out_dir: Path, summary: dict[str, Any], files: Mapping[str, Co
     staged: dict[str, Path] = {}
     try:
         for name, content in [*files.items(), (SUMMARY, summary_text(summary))]:
-            staged[name] = _stage(out_dir / name, content)
+            staged[name] = staged_file(out_dir / name, content)
         (out_dir / SUMMARY).unlink(missing_ok=True)
         for name in list(staged):
             os.replace(staged[name], out_dir / name)
@@ -139,7 +150,7 @@ def write_files(out_dir: Path, files: Mapping[str, Content]) -> None:
     staged: dict[str, Path] = {}
     try:
         for name, content in files.items():
-            staged[name] = _stage(out_dir / name, content)
+            staged[name] = staged_file(out_dir / name, content)
         for name in list(staged):
             os.replace(staged.pop(name), out_dir / name)
     finally:
@@ -166,21 +177,21 @@ def write_history(rows: Iterable[dict[str, Any]], path: Path) -> None:
     atomic_write_text(path, history_text(rows))
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
     """Standard JSON has no Infinity/NaN: write them as the strings "inf", "-inf",
     "nan" (a diverged baseline legitimately reports an infinite loss)."""
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {key: _json_safe(item) for key, item in value.items()}
+        return {key: json_safe(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(item) for item in value]
+        return [json_safe(item) for item in value]
     return value
 
 
 def summary_text(summary: dict[str, Any]) -> str:
     """``summary.json``'s text: strict JSON (non-finite numbers as strings)."""
-    return json.dumps(_json_safe(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return json.dumps(json_safe(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:

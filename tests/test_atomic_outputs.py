@@ -115,12 +115,22 @@ def test_sigkilled_writers_never_leave_new_outputs_next_to_a_stale_summary(tmp_p
         time.sleep(delay)
         os.kill(child.pid, signal.SIGKILL)
         child.wait()
-        for path in out.glob(".*"):  # a kill can leave a staged file; it is never read
-            path.unlink()
-        if (out / SUMMARY).exists():
+        if (out / SUMMARY).exists():  # a kill can leave a staged file too; it is never read
             g = json.loads((out / SUMMARY).read_text())["generation"]
             for name in ("table.md", "history.csv", "figure.png"):
                 assert (out / name).read_text() == f"{name} {g}" * 2000
+    # the next write of the same files sweeps what the killed ones left staged
+    write_outputs(out, {"generation": 0}, {name: "final" for name in ("table.md", "history.csv", "figure.png")})
+    assert sorted(path.name for path in out.iterdir()) == sorted(["table.md", "history.csv", "figure.png", SUMMARY])
+
+
+def test_a_temporary_left_by_a_killed_write_is_removed_by_the_next_write_of_that_file(tmp_path):
+    left = tmp_path / ".history.csv.k2j4x9.csv"
+    other = tmp_path / ".notes.md.a1b2c3.md"  # another file's temporary: not this write's to remove
+    left.write_text("partial")
+    other.write_text("partial")
+    write_outputs(tmp_path, {"generation": 1}, {"history.csv": "round,value\n"})
+    assert not left.exists() and other.exists()
 
 
 # -- every recipe and `run` write through write_outputs --------------------------------------
