@@ -33,7 +33,8 @@ def inside_ball(distances: Tensor, tau: Tensor, strict: bool) -> Tensor:
 
 # Columns compared when looking for identical rows: runs of one 64-byte cache line
 # (float32) spread over the row tell most candidate pairs apart without reading whole
-# rows (256 columns of 835 pairs: 0.8 ms, where 1024 columns took 4.6 ms).
+# rows; a wider probe costs several times as much (benchmarks/README.md,
+# "Kernel choices").
 _PROBE_RUNS, _PROBE_WIDTH = 16, 16
 
 
@@ -144,7 +145,8 @@ def _equal_rows(z: Tensor, problem: Tensor, first: Tensor, second: Tensor) -> Te
     """``[P]``: whether rows ``first[p]`` and ``second[p]`` of problem ``problem[p]`` are
     equal in every coordinate.  The pairs are the few that a round split; one
     ``torch.equal`` per pair reads both rows in place and stops at the first difference
-    (a batched gather and compare, which copies the rows first, measured 3.5x slower)."""
+    (a batched gather and compare copies the rows first, and is slower;
+    benchmarks/README.md, "Kernel choices")."""
     pairs = zip(problem.tolist(), first.tolist(), second.tolist())
     return torch.tensor([torch.equal(z[b, i], z[b, j]) for b, i, j in pairs], dtype=torch.bool, device=z.device)
 

@@ -45,7 +45,8 @@ class ClientData(Batch):
         replacement within each client; ``None`` or ``>= n`` gives the full data.
 
         ``out``: a batch of the right shapes to gather into (the same values; a fresh
-        gather page-faults, measured 4x slower at 250 clients x 32 MNIST images)."""
+        gather page-faults, several times slower;
+        benchmarks/README.md, "Kernel choices")."""
         n_clients, n = self.inputs.shape[:2]
         if batch_size is None or batch_size >= n:
             return Batch(self.inputs, self.targets)

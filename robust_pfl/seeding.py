@@ -30,8 +30,9 @@ def deterministic_kernels(device: torch.device | str) -> None:
     """Ask torch for deterministic kernels where a device has non-deterministic ones
     (CUDA's atomics-based reductions and scatters).  On the CPU every kernel
     robust-pfl uses is deterministic at a fixed thread count, and the flag would cost
-    0.8 s of start-up (it imports torch's compiler stack) and a NaN fill of every
-    fresh tensor, so it is left as it is there (and the fill is turned off on CUDA).
+    start-up time (it imports torch's compiler stack;
+    benchmarks/README.md, "Kernel choices") and a NaN fill of every fresh tensor, so
+    it is left as it is there (and the fill is turned off on CUDA).
 
     On CUDA (``CUBLAS_WORKSPACE_CONFIG`` is set when :mod:`robust_pfl.devices` is
     imported): ``warn_only``, so an op without a deterministic CUDA kernel warns
