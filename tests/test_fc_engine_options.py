@@ -74,7 +74,7 @@ def test_inner_product_and_direct_methods_train_the_same_models(method):
 def test_auto_method_follows_the_documented_rule(points, dim, expected):
     """``method = "auto"``: exact differences while d <= 1024; above, the Gram matrix
     ("pairwise") up to 96 points per clustering and lazily kept products ("gram")
-    beyond, as the README and the field's description state."""
+    beyond, as docs/config.md, docs/design.md and the field's description state."""
     params = FederatedClusteringParams()
     assert params.distance_method(torch.empty(3, points, dim, device="meta")) == expected
 

@@ -186,7 +186,7 @@ def run(
 
 
 def markdown_table(summary: dict[str, Any]) -> str:
-    """The summary as a Markdown table (what the README shows)."""
+    """The summary as a Markdown table (what docs/results/README.md shows, "Werner et al. Fig. 3")."""
     names = list(LABELS.values())
     lines = [
         "| (K, n_i) | " + " | ".join(names) + " |",
