@@ -17,7 +17,7 @@ the field's name), then stepped round by round::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
@@ -53,6 +53,8 @@ class Algorithm(ABC):
       reads; default False);
     * ``requires_classification``: it needs a classification task (KNN-Per's vote
       over labels; default False);
+    * ``predict_log_proba``: a method when its clients predict by more than their model
+      (default None);
 
     and implements the two abstract methods :meth:`step` and :meth:`client_models`.
     An algorithm whose state is more than its attributes' pickles (none so far) must
@@ -66,6 +68,10 @@ class Algorithm(ABC):
     forms_clusters: ClassVar[bool] = False
     sends_momenta: ClassVar[bool] = False
     requires_classification: ClassVar[bool] = False
+    #: ``predict_log_proba(inputs)`` for an algorithm whose clients predict by more than
+    #: their model (KNN-Per's vote over neighbours), which evaluation then uses; None:
+    #: each client's model predicts.
+    predict_log_proba: ClassVar[Callable[[Tensor], Tensor] | None] = None
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
         if not isinstance(params, self.Params):

@@ -9,17 +9,17 @@ aggregators): validated at construction, pure, and batched.  A bad option raises
 a policy once, when an algorithm's parameters are validated; everything after uses
 that object.
 
-A policy may also implement ``undecided(lower, upper)``: given only an interval
+A policy also declares ``undecided(lower, upper)``: given only an interval
 ``lower <= dist <= upper`` per point, the points whose exact distance is needed to
 compute ``tau`` and every ball membership.  The ``"gram"`` evaluation of
-Threshold-Clustering reads only those points in a round; a policy without the method
-makes it read every point.
+Threshold-Clustering reads only those points in a round; a policy whose ``undecided``
+is ``None`` makes it read every point.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, ClassVar, Literal, Mapping, Protocol, Union, get_args, runtime_checkable
+from typing import Annotated, Any, Callable, ClassVar, Literal, Mapping, Protocol, Union, get_args, runtime_checkable
 
 import torch
 from pydantic import Field
@@ -31,9 +31,13 @@ from robust_pfl.validation import options
 
 @runtime_checkable
 class RadiusPolicy(Protocol):
-    """``radius(dist[B, K, N], round) -> tau[B, K]``; ``strict`` selects ``<`` over ``<=``."""
+    """``radius(dist[B, K, N], round) -> tau[B, K]``; ``strict`` selects ``<`` over ``<=``;
+    ``undecided(lower, upper) -> [B, K, N]`` the points whose exact distance the
+    policy needs (see the module docstring), or ``None`` for a policy that cannot tell
+    (every point is read)."""
 
     strict: bool
+    undecided: Callable[[Tensor, Tensor], Tensor] | None
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor: ...
 

@@ -325,7 +325,7 @@ def _run_gram(
     seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, ||v||^2
     for round_index in range(rounds):
         while True:
-            distances = dots.distances(getattr(policy, "undecided", None))
+            distances = dots.distances(policy.undecided)
             tau = policy(distances, round_index)
             entered = inside_ball(distances, tau, policy.strict)
             if dots.copies is None or not dots.copies.split(entered):

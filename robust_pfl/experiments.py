@@ -179,7 +179,7 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     assignment against the true clusters."""
     models = algorithm.client_models()
     honest = ~task.byzantine.to(models.device)
-    per_client = task.evaluate(models, getattr(algorithm, "predict_log_proba", None))
+    per_client = task.evaluate(models, algorithm.predict_log_proba)
     out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
     out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
     if record is not None and record.assignment is not None:
