@@ -110,11 +110,14 @@ class ForgedLoss(AttackBase):
             return self.attack(messages, context).to(messages.dtype)
         return self.forge(messages, context)
 
+    def check_reported_models(self, models: int) -> None:
+        if isinstance(self.target, int) and self.target >= models:
+            raise ValueError(f"forged_loss.target = {self.target}, but the defense reports losses on {models} models")
+
     def forge(self, reports: Tensor, context: AttackContext) -> Tensor:
         """The Byzantine rows ``[..., B, K]`` of loss reports ``[..., S, K]``."""
         k = reports.shape[-1]
-        if isinstance(self.target, int) and self.target >= k:
-            raise ValueError(f"forged_loss.target = {self.target}, but the defense reports losses on {k} models")
+        self.check_reported_models(k)
         lead = reports.shape[:-2]
         flat = reports.reshape(-1, *reports.shape[-2:])
         honest = ~context.byzantine.to(reports.device)

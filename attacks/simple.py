@@ -6,6 +6,7 @@ import math
 from typing import Annotated, ClassVar
 
 from pydantic import Field
+import torch
 from torch import Tensor
 
 from attacks._stats import byzantine_shape, fill_normal, normal_rows
@@ -51,8 +52,13 @@ class ConstantValue(AttackBase):
     ] = math.nan
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        return messages.new_full(byzantine_shape(messages, context), self.value)
+        return messages.new_full(byzantine_shape(messages, context), self.value_in(messages.dtype))
 
     def write_rows(self, rows: Tensor, context: AttackContext) -> None:
         """The rows of :meth:`__call__`, written in place into ``rows[..., B, d]``."""
-        rows.fill_(self.value)
+        rows.fill_(self.value_in(rows.dtype))
+
+    def value_in(self, dtype: torch.dtype) -> float:
+        """``value`` rounded to ``dtype`` as a cast rounds it: past the dtype's range it
+        is +-inf (``fill_`` refuses such a number outright)."""
+        return float(torch.tensor(self.value, dtype=torch.float64).to(dtype))

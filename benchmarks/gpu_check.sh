@@ -37,7 +37,7 @@ EOF
 
 case $stages in tests|all)
   run_step cuda_tests 300 python3 -m pytest -m cuda -q -rs -p no:cacheprovider tests/test_cuda.py
-  run_step quickstart 120 python3 -m robust_pfl.cli run configs/quickstart.toml --device cuda --out "$out/quickstart"
+  run_step quickstart 120 python3 -m robust_pfl.cli run configs/quickstart.toml --device cuda --out "$out/quickstart" --overwrite
 ;; esac
 case $stages in bench|all)
   run_step bench_steps 420 python3 benchmarks/bench_steps.py --device cuda --quick \

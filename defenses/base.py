@@ -29,9 +29,11 @@ from robust_pfl.types import RoundRecord
 
 class AlgorithmParams(BaseModel):
     """Parameters shared by all algorithms: learning rate and heavy-ball momentum on
-    the applied update (the official code uses 0.9: ``m = mu m + v; x -= lr m``)."""
+    the applied update (the official code uses 0.9: ``m = mu m + v; x -= lr m``).
+    Every number an algorithm takes is finite: an infinite learning rate, penalty or
+    temperature is refused at load rather than run as a model that never moves."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     lr: float = Field(0.01, gt=0, description="learning rate eta")
     heavy_ball: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum on the update")
@@ -84,6 +86,14 @@ class Algorithm(ABC):
         #: may leave out what they never materialise (MC's gradients, blended into
         #: the momenta as they are produced).
         self.snapshot_records = True
+
+    @classmethod
+    def reported_loss_models(cls, params: AlgorithmParams, task_clusters: int) -> int | None:
+        """On how many models its clients report losses (messages of kind ``"loss"``,
+        which a loss-forging attack replaces) with ``params`` on a task of
+        ``task_clusters`` clusters; None (the default) when they report none.  Read at
+        config load, before any federation exists."""
+        return None
 
     @abstractmethod
     def step(self, round_index: int) -> RoundRecord:

@@ -45,6 +45,10 @@ class ClusterChoice(Algorithm):
     forms_clusters = True
     init_stream: ClassVar[str] = "ifca-init"  # the seeded stream of the K initial models
 
+    @classmethod
+    def reported_loss_models(cls, params: AlgorithmParams, task_clusters: int) -> int | None:
+        return params.clusters or task_clusters  # as __init__ picks K
+
     def __init__(self, federation: Federation, params: IFCAParams, initial_models: Tensor | None = None) -> None:
         super().__init__(federation, params)
         k = params.clusters or federation.clusters
@@ -106,6 +110,10 @@ class IFCA(ClusterChoice):
     summary = "IFCA: K models, each client picks its lowest-loss model, gradient averaging"
     reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option I"
     Params = IFCAParams
+
+    @classmethod
+    def reported_loss_models(cls, params: AlgorithmParams, task_clusters: int) -> int | None:
+        return params.clusters or task_clusters  # as __init__ picks K
 
     def __init__(self, federation: Federation, params: IFCAParams, initial_models: Tensor | None = None) -> None:
         super().__init__(federation, params, initial_models)

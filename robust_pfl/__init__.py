@@ -6,7 +6,12 @@ attack injection point.  ``attacks`` and ``defenses`` build on it; the compositi
 root (:mod:`robust_pfl.cli`, :mod:`robust_pfl.experiments`) wires them together.
 """
 
-from robust_pfl.data import Batch, ClientData
+# First, before torch: a grid's pool worker dies with its grid (robust_pfl.parent_death).
+from robust_pfl.parent_death import arm_from_environment as _arm_worker
+
+_arm_worker()
+
+from robust_pfl.data import Batch, ClientData  # noqa: E402
 from robust_pfl.federation import Federation
 from robust_pfl.objectives import (
     DenseNetwork,

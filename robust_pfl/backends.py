@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import multiprocessing
 import os
-import signal
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any, Iterator, Protocol, Sequence
 
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Resources
+from robust_pfl.parent_death import kill_me_with_parent, spawning_workers
 from robust_pfl.plugins import PluginSource, install_sources
 
 BACKENDS = ("local", "ray")
@@ -117,7 +117,8 @@ class LocalBackend:
             self._pool = ProcessPoolExecutor(
                 max_workers=self.jobs, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
             )
-        pending: dict[Future[CellOutcome], CellTask] = {self._pool.submit(execute_cell, t): t for t in tasks}
+        with spawning_workers():  # the processes submit starts die with this one
+            pending: dict[Future[CellOutcome], CellTask] = {self._pool.submit(execute_cell, t): t for t in tasks}
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -139,13 +140,13 @@ def exit_with_parent(parent: int, interval: float = 0.5) -> None:
     would finish its cell for nobody, then idle forever, and a rerun's worker would
     race it for the cell's checkpoint file.
 
-    It runs before the worker takes its first cell.  On Linux the kernel then kills the
-    worker the moment its parent dies (``PR_SET_PDEATHSIG``), so no write of a cell
-    can follow the grid's death; a parent already gone (it died while the worker was
-    importing) ends the worker here.  (The kernel's "parent" is the thread that started
-    the worker: the pool is started by the thread that runs the grid, which outlives
-    its cells.)  Elsewhere a thread polls every ``interval`` seconds."""
-    if _kill_me_with_parent() and os.getppid() == parent:
+    On Linux the worker was armed on its first import of the package, before torch
+    (:mod:`robust_pfl.parent_death`): the kernel kills it the moment the grid dies.
+    This initializer, which runs before the worker takes its first cell, arms it again
+    for workers not started through :func:`~robust_pfl.parent_death.spawning_workers`
+    and ends a worker whose parent is already gone.  Elsewhere a thread polls every
+    ``interval`` seconds."""
+    if kill_me_with_parent() and os.getppid() == parent:
         return
     if os.getppid() != parent:
         os._exit(1)
@@ -156,23 +157,6 @@ def exit_with_parent(parent: int, interval: float = 0.5) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _kill_me_with_parent() -> bool:
-    """Ask the Linux kernel to SIGKILL this process when its parent dies; False where
-    that is not available."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
 
 
 def _outcome(future: Future[CellOutcome], task: CellTask) -> CellOutcome:

@@ -1,6 +1,6 @@
 """Command line: ``robust-pfl run CONFIG.toml``, ``robust-pfl reproduce fig3``,
-``robust-pfl grid GRID.toml``, ``robust-pfl attack-table``, ``robust-pfl theory report``, and the listings
-``robust-pfl attacks`` / ``robust-pfl defenses``."""
+``robust-pfl grid GRID.toml``, ``robust-pfl attack-table``, ``robust-pfl theory report``, the tables of
+``robust-pfl results STORE_OR_RUN``, and the listings ``robust-pfl attacks`` / ``robust-pfl defenses``."""
 
 from __future__ import annotations
 
@@ -16,14 +16,32 @@ from robust_pfl.config import ConfigError, load_config
 def _run(args: argparse.Namespace) -> int:
     from robust_pfl.experiments import run_experiment, validate
 
+    if args.resume and args.overwrite:
+        raise ConfigError("--resume continues the run in OUT, --overwrite starts it afresh: give one of them")
     config = validate(load_config(args.config, device=args.device), args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+    held = _run_outputs(out)
+    if held and not (args.resume or args.overwrite):
+        raise ConfigError(
+            f"{out} already holds a run's outputs ({', '.join(held)}); rerun with --resume to continue it from "
+            f"its checkpoints, or --overwrite to replace it (or choose another --out)"
+        )
     summary = run_experiment(config, out, resume=args.resume, validated=True)
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
-    for method, metrics in summary["final"].items():
-        shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(metrics.items()))
+    final = summary["final"]
+    for method in [m.display for m in config.methods if m.display in final]:  # config order
+        shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(final[method].items()))
         print(f"  {method:>14}: {shown}")
     return 0
+
+
+def _run_outputs(out: Path) -> list[str]:
+    """What of a run's outputs ``out`` holds: summary.json, history.csv, checkpoints/."""
+    held = [name for name in ("summary.json", "history.csv") if (out / name).exists()]
+    checkpoints = out / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        held.append("checkpoints/")
+    return held
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -40,8 +58,10 @@ def _reproduce(args: argparse.Namespace) -> int:
                 out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition,
                 backend=backend, device=args.device,
             )
-        # the full run checks the paper's orderings; a quick run only smoke-tests the recipe
-        return 0 if args.quick or all(check["holds"] for check in summary["orderings"]) else 1
+        # the full run checks the paper's orderings; a quick run only smoke-tests the recipe (1: a cell errored)
+        if args.quick:
+            return 1 if summary.get("errored") else 0
+        return 0 if all(check["holds"] for check in summary["orderings"]) else 1
     if args.figure == "fig6":
         from robust_pfl.recipes import fig6
 
@@ -163,28 +183,26 @@ def _attack_table(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path("results") / "attack_table"
     with _backend(args, _recipe_resources(args)) as backend:
-        attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend,
-                          device=args.device)
-    return 0
+        summary = attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend,
+                                    device=args.device)
+    return 1 if args.quick and summary.get("errored") else 0  # quick: a smoke run, 0 when every cell ran
 
 
 def _list_attacks(args: argparse.Namespace) -> int:
     import attacks
-    from robust_pfl.catalog import entries, render
+    from robust_pfl.catalog import attack_entries, render
 
-    print(render("Attacks (attack = {name = ..., <parameter> = ...}):", entries(attacks.REGISTRY), not args.brief))
+    print(render("Attacks (attack = {name = ..., <parameter> = ...}):", attack_entries(attacks.REGISTRY), not args.brief))
     return 0
 
 
 def _list_defenses(args: argparse.Namespace) -> int:
     import defenses
-    from robust_pfl.catalog import entries, render
+    from robust_pfl.catalog import aggregator_entries, algorithm_entries, render
 
-    print(render("Algorithms ([[methods]] name = ...):", entries(defenses.REGISTRY), not args.brief))
-    aggregators = getattr(defenses, "AGGREGATORS", {})
-    if aggregators:
-        title = "Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...}):"
-        print(render(title, entries(aggregators), not args.brief))
+    print(render("Algorithms ([[methods]] name = ...):", algorithm_entries(defenses.REGISTRY), not args.brief))
+    title = "Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...}):"
+    print(render(title, aggregator_entries(defenses.AGGREGATORS), not args.brief))
     return 0
 
 
@@ -213,6 +231,30 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _results(args: argparse.Namespace) -> int:
+    from robust_pfl.summaries import compare_tables, render, summary_table
+
+    if args.compare is None:
+        table = summary_table(args.results, args.metric)
+    else:
+        table = compare_tables(args.results, args.compare, args.metric)
+    print(render(table, args.format), end="")
+    return 0
+
+
+class _Version(argparse.Action):
+    """``--version``: the package version and the git commit, looked up only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from robust_pfl.provenance import version_text
+
+        print(version_text())
+        parser.exit()
+
+
 def plain(text: str) -> str:
     """A docstring as ``--help`` shows it: reST literals (double backquotes) unmarked."""
     return re.sub(r"``(.+?)``", r"\1", text)
@@ -220,10 +262,7 @@ def plain(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="robust-pfl", description=plain(__doc__))
-    parser.add_argument(
-        "--threads", type=int, default=None,
-        help="torch CPU threads (default: torch's choice; 1 is fastest for small models)",
-    )
+    _add_global_options(parser, top=True)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run one experiment from a TOML config")
     run.add_argument("config", help="path to the TOML config")
@@ -231,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--resume", action="store_true",
         help="continue from the checkpoints in OUT/checkpoints (needs checkpoint_every in the config)",
+    )
+    run.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the outputs of an earlier run in OUT (without it, or --resume, such an OUT is refused)",
     )
     _add_device_option(run)
     run.set_defaults(handler=_run)
@@ -303,6 +346,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="metric to plot (default: test_accuracy, else accuracy, else param_error, else the first one)",
     )
     plot.set_defaults(handler=_plot)
+    results = commands.add_parser(
+        "results", help="the table a paper shows: final metrics per method x attack (x varying axes), mean ± sd over seeds"
+    )
+    results.add_argument("results", metavar="STORE_OR_RUN",
+                         help="a grid's store (directory with results.csv) or a run's output directory")
+    results.add_argument("--compare", metavar="OTHER", default=None,
+                         help="another store or run: each cell's difference (STORE_OR_RUN - OTHER), cells only in one listed")
+    results.add_argument("--format", choices=["md", "latex", "csv"], default="md",
+                         help="md: a Markdown table (default); latex: a booktabs tabular; csv: every number, unrounded")
+    results.add_argument("--metric", nargs="+", action="extend", metavar="NAME", default=None,
+                         help="metrics to show (default: test_accuracy, else accuracy, else param_error)")
+    results.set_defaults(handler=_results)
     for name, handler, text in (
         ("attacks", _list_attacks, "list registered attacks with their parameters"),
         ("defenses", _list_defenses, "list registered algorithms and robust aggregators"),
@@ -310,23 +365,90 @@ def build_parser() -> argparse.ArgumentParser:
         listing = commands.add_parser(name, help=text)
         listing.add_argument("--brief", action="store_true", help="one line each, no parameters")
         listing.set_defaults(handler=handler)
+    parser.add_argument("--version", action=_Version, help="print the version (and git commit) and exit")
+    _add_global_options_everywhere(parser)
     return parser
+
+
+#: torch CPU threads of a command without --threads: the cores other processes leave free,
+#: checked while it runs (robust_pfl.threads; benchmarks/README.md, "Thread defaults").
+DEFAULT_THREADS = "auto"
+
+
+def _thread_count(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or 'auto', got {text!r}") from None
+
+
+def _add_global_options(parser: argparse.ArgumentParser, top: bool = False) -> None:
+    """``--threads`` and ``--quiet``, taken before or after the subcommand (a subcommand's
+    copy sets them only when given, so it never undoes the one before it)."""
+    unset = {} if top else {"default": argparse.SUPPRESS}
+    parser.add_argument(
+        "--threads", type=_thread_count, metavar="N", **({"default": None} | unset),
+        help="torch CPU threads of run, reproduce fig2|fig3|fig7 and theory report, and of each cell of grid; "
+             "before or after the subcommand. Default 'auto' for every command: the cores other processes leave "
+             "free, checked as the work goes (the fastest on a shared machine); a grid cell: its grid's "
+             "[resources] cpus (default 1)",
+    )
+    parser.add_argument("--quiet", action="store_true", **({"default": False} | unset),
+                        help="no progress bar or progress lines on stderr")
+
+
+def _add_global_options_everywhere(parser: argparse.ArgumentParser) -> None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                if "--threads" not in sub._option_string_actions:
+                    _add_global_options(sub)
+                _add_global_options_everywhere(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads is not None:
-        import torch
-
-        if args.threads < 1:
-            print("error: --threads must be >= 1", file=sys.stderr)
-            return 2
-        torch.set_num_threads(args.threads)
+    if args.threads == DEFAULT_THREADS:
+        args.threads = None  # a grid's cells keep their [resources] cpus
+    threads = DEFAULT_THREADS if args.threads is None else args.threads
+    if threads != DEFAULT_THREADS and threads < 1:
+        print("error: --threads must be >= 1", file=sys.stderr)
+        return 2
     try:
-        return args.handler(args)
+        with _process_settings(threads, args.quiet):
+            return args.handler(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+
+
+@contextmanager
+def _process_settings(threads: int | str, quiet: bool):
+    """torch's thread count (a number, or ``auto``: :class:`robust_pfl.threads.AutoThreads`,
+    one thread until the work's first progress update decides) and ``--quiet`` for one
+    command, restored afterwards (so a caller of :func:`main` keeps its own)."""
+    import os
+
+    import torch
+
+    from robust_pfl import threads as policy
+
+    before, silenced = torch.get_num_threads(), os.environ.get("ROBUST_PFL_QUIET")
+    torch.set_num_threads(1 if threads == DEFAULT_THREADS else threads)
+    previous = policy.use(policy.AutoThreads() if threads == DEFAULT_THREADS else None)
+    if quiet:
+        os.environ["ROBUST_PFL_QUIET"] = "1"
+    try:
+        yield
+    finally:
+        policy.use(previous)
+        torch.set_num_threads(before)
+        if quiet and silenced is None:
+            os.environ.pop("ROBUST_PFL_QUIET", None)
+        elif quiet:
+            os.environ["ROBUST_PFL_QUIET"] = silenced
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ class _Strict(BaseModel):
 class SyntheticTaskConfig(_Strict):
     """Werner et al. Sec. 4.1 synthetic linear regression."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)  # inf noise: no task
+
     name: Literal["synthetic_linear"] = "synthetic_linear"
     clusters: int = Field(4, ge=1)
     clients_per_cluster: int = Field(4, ge=1)
@@ -278,22 +280,24 @@ def models_in(annotation: Any) -> list[type[BaseModel]]:
     return [model for argument in get_args(annotation) for model in models_in(argument)]
 
 
-def _walk(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[list[type[BaseModel]], FieldInfo | None]:
-    """The models a pydantic location below ``model`` reaches, and the field its last
-    part names (None where that part is a list index or a tagged union's tag)."""
-    models, found = [model], None
+def _walk(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[list[type[BaseModel]], FieldInfo | None, bool]:
+    """The models a pydantic location below ``model`` reaches, the field its last part
+    names (None where that part is a list index or a tagged union's tag), and whether
+    the model holding that field takes non-finite numbers."""
+    models, found, inf_nan = [model], None, True
     for part in loc:
         if isinstance(part, int):
             found = None
             continue
-        fields = [parent.model_fields[part] for parent in models if part in parent.model_fields]
-        if fields:
-            found = fields[0]
-            models = [inner for info in fields for inner in models_in(info.annotation)]
+        owners = [(parent, info) for parent in models for name, info in parent.model_fields.items()
+                  if part in (name, info.alias)]
+        if owners:
+            found, inf_nan = owners[0][1], owners[0][0].model_config.get("allow_inf_nan", True)
+            models = [inner for _, info in owners for inner in models_in(info.annotation)]
         else:  # a tagged union's tag ("image") selects the member whose ``name`` it is
             found = None
             models = [m for m in models if part in get_args(getattr(m.model_fields.get("name"), "annotation", None))]
-    return models, found
+    return models, found, inf_nan
 
 
 def allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
@@ -302,10 +306,12 @@ def allowed_keys(model: type[BaseModel], loc: Sequence[str | int]) -> list[str]:
     return [info.alias or name for m in _walk(model, loc)[0] for name, info in m.model_fields.items()]
 
 
-def field_at(model: type[BaseModel], loc: Sequence[str | int]) -> FieldInfo | None:
-    """The field a pydantic location below ``model`` ends at; None where it ends at a
-    list item or no model describes it."""
-    return _walk(model, loc)[1]
+def field_at(model: type[BaseModel], loc: Sequence[str | int]) -> tuple[FieldInfo, bool] | None:
+    """The field a pydantic location below ``model`` ends at, and whether its model
+    takes non-finite numbers; None where it ends at a list item or no model describes
+    it."""
+    _, found, inf_nan = _walk(model, loc)
+    return None if found is None else (found, inf_nan)
 
 
 def validation_problems(
@@ -317,22 +323,35 @@ def validation_problems(
     dropped); an unknown key gets the closest allowed key (``also``: further keys
     allowed where ``model`` is validated) as a suggestion.
     """
-    problems = []
+    problems: list[tuple[str, str]] = []
     for item in error.errors():
-        loc = list(item["loc"])
+        loc = _without_union_labels(model, list(item["loc"]))
         if item["type"] == "value_error":
             message = str(item["ctx"]["error"])
         elif item["type"] == "extra_forbidden":
             allowed = [*allowed_keys(model, loc[:-1]), *(also if len(loc) == 1 else ())]
             message = f"unknown key{did_you_mean(loc[-1], allowed) or f'; allowed: {allowed}'}"
-        elif (info := field_at(model, loc)) is not None and "input" in item:
-            message = problem(info, item["input"])  # the wording attacks and aggregators use
+        elif (field := field_at(model, loc)) is not None and "input" in item:
+            message = problem(field[0], item["input"], allow_inf_nan=field[1])
         else:
             message = item["msg"]
         if loc[:1] == ["task"] and loc[1:2] and loc[1] in TASK_TAGS:
             loc.pop(1)  # the union's tag, not a field the user wrote
-        problems.append((field_path([*prefix, *loc]), message))
+        where = field_path([*prefix, *loc])
+        if not any(seen == where for seen, _ in problems):  # one line per field, not per union member
+            problems.append((where, message))
     return problems
+
+
+def _without_union_labels(model: type[BaseModel], loc: list[str | int]) -> list[str | int]:
+    """``loc`` cut before the first part that names no field, list item or tagged
+    member: pydantic's label of an untagged union's member (``aggregator.str``,
+    ``aggregator.dict[str,any]``), which the user never wrote."""
+    for end in range(1, len(loc)):
+        models, field, _ = _walk(model, loc[:end])
+        if field is not None and not models and isinstance(loc[end], str):  # a plain field has no keys
+            return loc[:end]
+    return loc
 
 
 def config_error(source: str | None, problems: Sequence[tuple[str, str]]) -> ConfigError:
@@ -343,12 +362,46 @@ def config_error(source: str | None, problems: Sequence[tuple[str, str]]) -> Con
     return ConfigError("\n".join(lines))
 
 
+#: How deeply tables and arrays may nest in a config or grid (the deepest the package's
+#: own formats go is 4: a grid axis of method options holding a radius table).
+MAX_NESTING = 32
+
+
+def parse_toml(text: str, what: str) -> dict[str, Any]:
+    """``text`` parsed as TOML and checked by :func:`check_nesting`; ``what`` names the
+    file in errors (``config run.toml``)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{what} is not valid TOML: {error}") from None
+    except RecursionError:  # the parser recurses into nested arrays and inline tables
+        raise ConfigError(f"{what} nests arrays or tables too deeply to parse (at most {MAX_NESTING} levels)") from None
+    check_nesting(data, what)
+    return data
+
+
+def check_nesting(data: Any, what: str) -> None:
+    """Refuse tables and arrays nested more than :data:`MAX_NESTING` levels deep (a
+    deeper structure is no config; copying or validating it would exhaust Python's
+    recursion limit).  Walked without recursion."""
+    pending: list[tuple[Any, int, str]] = [(data, 0, "")]
+    while pending:
+        value, depth, where = pending.pop()
+        if depth > MAX_NESTING:
+            raise ConfigError(f"{what}: {where.lstrip('.') or 'the file'} nests more than {MAX_NESTING} levels deep")
+        if isinstance(value, dict):
+            pending.extend((item, depth + 1, f"{where}.{key}") for key, item in value.items())
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1, f"{where}[{index}]") for index, item in enumerate(value))
+
+
 def parse_config(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
     """Validate a plain mapping; raise :class:`ConfigError` naming bad fields.  Its
     ``plugins`` are imported first (:mod:`robust_pfl.plugins`; ``.py`` paths relative to
     ``base_dir``, else the working directory), so the names they register validate."""
     from robust_pfl.plugins import load_plugins, with_resolved_paths
 
+    check_nesting(data, f"config {source}")
     data = with_resolved_paths(data, base_dir)
     load_plugins(data.get("plugins"), source)
     try:
@@ -376,10 +429,7 @@ def load_config(path: str | Path, device: str | None = None) -> ExperimentConfig
         raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise ConfigError(f"config {path} is not UTF-8 text (byte {error.start})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config {path} is not valid TOML: {error}") from None
+    data = parse_toml(text, f"config {path}")
     if device is not None:
         data["device"] = device
     return parse_config(data, str(path), base_dir=path.parent)

@@ -5,7 +5,9 @@ core, ``attacks`` and ``defenses`` together."""
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from robust_pfl.config import (
     ExperimentConfig,
     ImageTaskConfig,
     MethodConfig,
+    SyntheticTaskConfig,
     config_error,
     parse_config,
     validation_problems,
@@ -39,11 +42,14 @@ from robust_pfl.config import (
 from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
+from robust_pfl.provenance import provenance
 from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
 from robust_pfl.devices import memory_budget_mb, resolve_device
+from robust_pfl import threads as thread_policy
 from robust_pfl.seeding import deterministic_kernels_within
 from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
+from robust_pfl.tasks.images import TooManyByzantine
 from robust_pfl.types import RoundRecord
 
 if TYPE_CHECKING:
@@ -64,6 +70,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     def fail(where: str, message: str) -> ConfigError:
         return config_error(source, [(where, message)])
 
+    chosen: dict[int, defenses.AlgorithmParams] = {}
     for index, method in enumerate(config.methods):
         where = f"methods[{index}]"
         if method.name not in defenses.REGISTRY:
@@ -72,12 +79,18 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
                 f"unknown method {method.name!r}{did_you_mean(method.name, defenses.REGISTRY)}; "
                 f"allowed: {sorted(defenses.REGISTRY)}",
             )
-        params = defenses.REGISTRY[method.name].Params
+        cls = defenses.REGISTRY[method.name]
         try:
-            params(**method.options())
+            chosen[index] = cls.Params(**method.options())
         except ValidationError as error:
             also = list(MethodConfig.model_fields)
-            raise config_error(source, validation_problems(error, params, (where,), also)) from None
+            raise config_error(source, validation_problems(error, cls.Params, (where,), also)) from None
+        if cls.requires_classification and not isinstance(config.task, ImageTaskConfig):
+            raise fail(f"{where}.name", f"{method.name!r} needs a classification task (task.name = 'image'), "
+                       f"not {config.task.name!r}")
+        if chosen[index].lr > torch.finfo(DTYPES[config.dtype]).max:  # the optimiser's step could not hold it
+            raise fail(f"{where}.lr", f"must be a number {config.dtype} holds (<= {torch.finfo(DTYPES[config.dtype]).max:.3g}), "
+                       f"got {chosen[index].lr!r}")
     try:
         attack = attacks.build(config.attack.name, config.attack.options())
     except attacks.UnknownAttack as error:
@@ -90,7 +103,16 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
             f"{config.attack.name!r} poisons labels and needs a classification task "
             f"(task.name = 'image'), not {config.task.name!r}",
         )
+    if attack is not None and attack.forges_losses:
+        for index, method in enumerate(config.methods):
+            models = defenses.REGISTRY[method.name].reported_loss_models(chosen[index], config.task.clusters)
+            try:
+                if models is not None:
+                    attack.check_reported_models(models)
+            except ValueError as error:
+                raise fail("attack", f"{error} (methods[{index}] = {method.name!r})") from None
     _check_client_count(config, fail)
+    _check_size(config, fail)
     if config.theory is not None and "momentum" in config.theory.estimate:
         silent = [f"methods[{i}] = {m.name!r}" for i, m in enumerate(config.methods)
                   if not defenses.REGISTRY[m.name].sends_momenta]
@@ -109,6 +131,8 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
         try:  # so do sizes the data cannot give
             for seed in config.seeds:
                 config.task.builder().check(seed, config.byzantine.placement(), data)
+        except TooManyByzantine as error:
+            raise fail("byzantine", str(error)) from None
         except ValueError as error:
             raise fail("", f"task.{error}") from None
     try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
@@ -123,6 +147,32 @@ def client_count(config: ExperimentConfig) -> int:
     clusters, honest = config.task.clusters, config.task.clients_per_cluster
     byzantine = config.byzantine.placement().counts(clusters, honest)
     return clusters * honest + int(byzantine.sum())
+
+
+def _check_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:
+    """A synthetic task whose clients' models, optimiser buffers and data could not fit
+    in this machine's memory is refused now, not by the allocator after loading: at
+    least ``N * (8 d + samples * (d + 1))`` numbers (models, gradients, deliveries,
+    momenta and their scratch copies; every client's samples)."""
+    task = config.task
+    if not isinstance(task, SyntheticTaskConfig):
+        return  # an image task's sizes are bounded by its data, checked against them
+    samples = task.samples_per_client + task.validation_samples + task.test_samples
+    numbers = client_count(config) * (8 * task.dim + samples * (task.dim + 1))
+    needed = numbers * torch.finfo(DTYPES[config.dtype]).bits // 8
+    memory = _physical_memory()
+    if memory is not None and needed > memory:
+        raise fail("task", f"N = {client_count(config)} clients of dimension dim = {task.dim} need at least "
+                   f"{needed / 2**30:.3g} GiB, more than this machine's {memory / 2**30:.3g} GiB; lower "
+                   "task.clients_per_cluster, task.clusters or task.dim")
+
+
+def _physical_memory() -> int | None:
+    """This machine's physical memory in bytes, where the OS says."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _check_client_count(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:
@@ -381,14 +431,120 @@ def run_cell_config(
     return rows
 
 
-def progress_bar(total: int, description: str, enabled: bool | None = None):
-    """A tqdm bar on a terminal or in a Jupyter kernel (a widget there), silent
-    otherwise."""
+#: Seconds between two progress lines when stderr is not a terminal (environment
+#: ``ROBUST_PFL_PROGRESS_INTERVAL`` overrides it); ``ROBUST_PFL_QUIET=1`` (``--quiet``)
+#: silences progress.
+PROGRESS_INTERVAL = 10.0
+
+
+def progress_bar(total: int, description: str, enabled: bool | None = None, interval: float | None = None):
+    """Progress that shows everywhere: a tqdm bar on a terminal, a bar in a Jupyter
+    kernel (a widget where ipywidgets is installed), and elsewhere (nohup, CI, a pipe)
+    one line on stderr at most every ``interval`` seconds (default
+    :data:`PROGRESS_INTERVAL`) and one per finished item (:meth:`ProgressLines.item_done`).
+    ``enabled``: ``False`` silences it, ``True`` shows it even under ``ROBUST_PFL_QUIET``,
+    ``None`` (default): shown unless ``ROBUST_PFL_QUIET`` is set.
+
+    The object returned has tqdm's ``update``, ``set_postfix_str`` and ``close``, and
+    ``item_done(text, advance=0)``: ``update(advance)`` and a line on stderr when not on
+    a terminal (a bar shows it)."""
+    thread_policy.check()  # the work starts: the command's thread policy decides (robust_pfl.threads)
+    if enabled is None:
+        enabled = os.environ.get("ROBUST_PFL_QUIET", "") in ("", "0")
+    if enabled and not sys.stderr.isatty() and "ipykernel" not in sys.modules:
+        if interval is None:
+            interval = float(os.environ.get("ROBUST_PFL_PROGRESS_INTERVAL", PROGRESS_INTERVAL))
+        return ProgressLines(total, description, interval)
     from tqdm.auto import tqdm
 
-    if enabled is None:
-        enabled = sys.stderr.isatty() or "ipykernel" in sys.modules
-    return tqdm(total=total, desc=description, disable=not enabled, leave=False)
+    return _Bar(tqdm(total=total, desc=description, disable=not enabled, leave=False))
+
+
+class _Bar:
+    """A tqdm bar with :meth:`item_done` (the bar shows the item; no line)."""
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.bar, name)
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        thread_policy.check()
+
+    def item_done(self, text: str, advance: int = 0) -> None:
+        self.update(advance)
+
+    def __enter__(self) -> _Bar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+
+
+class ProgressLines:
+    """Progress as lines on stderr, for logs: ``DESCRIPTION: N/TOTAL (P%), POSTFIX,
+    ELAPSED elapsed, ETA ...`` at most every ``interval`` seconds while work goes on,
+    a line per :meth:`item_done`, and one when it closes."""
+
+    def __init__(self, total: int, description: str, interval: float = PROGRESS_INTERVAL) -> None:
+        self.total, self.description, self.interval = total, description, interval
+        self.n, self.postfix = 0, ""
+        self.start = self.last = time.monotonic()
+        self.closed, self.written = False, 0  # written: n at the last line
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self.last >= self.interval and self.n < self.total:
+            self._write(self.postfix)
+        thread_policy.check()
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.postfix = text
+
+    def item_done(self, text: str, advance: int = 0) -> None:
+        """A line for a finished item, after ``advance`` more units of work."""
+        self.n += advance
+        self._write(text, first=True)
+        thread_policy.check()
+
+    def close(self) -> None:
+        if not self.closed and self.n > 0 and self.n != self.written:  # unless the last line said it
+            self._write("finished" if self.n >= self.total else "stopped")
+        self.closed = True
+
+    def __enter__(self) -> ProgressLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, text: str, first: bool = False) -> None:
+        """``DESCRIPTION: N/TOTAL (P%), TEXT, ELAPSED, ETA``, or with ``first``
+        ``DESCRIPTION: TEXT; N/TOTAL (P%), ELAPSED, ETA``."""
+        now = time.monotonic()
+        self.last, self.written = now, self.n
+        elapsed = now - self.start
+        share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        parts = [f"{self.n}/{self.total}{share}", *([text] if text and not first else []),
+                 f"{_duration(elapsed)} elapsed"]
+        if 0 < self.n < self.total:
+            parts.append(f"ETA {_duration(elapsed / self.n * (self.total - self.n))}")
+        lead = f"{text}; " if text and first else ""
+        print(f"{self.description}: {lead}" + ", ".join(parts), file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    """``4.2 s``, ``42 s``, ``3 min 05 s``, ``2 h 04 min``."""
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def run_experiment(
@@ -396,12 +552,18 @@ def run_experiment(
     validated: bool = False,
 ) -> dict[str, Any]:
     """Run every method for every seed (:func:`run_table`); write
-    ``history.csv``/``summary.json`` when ``out_dir`` is given.  ``validated``:
-    ``config`` has been through :func:`validate` already."""
+    ``history.csv``/``summary.json`` when ``out_dir`` is given.  The summary holds
+    ``final`` (methods in config order), ``config`` and ``provenance``
+    (:func:`robust_pfl.provenance.provenance`; the wall time is this call's, so a
+    resumed run's counts from its resumption).  ``validated``: ``config`` has been
+    through :func:`validate` already."""
     if not validated:
         config = validate(config)
+    start = time.perf_counter()
     table = run_table(config, out_dir, progress, resume, validated=True)
-    extra = {"config": config.model_dump(mode="json")}
+    seconds = time.perf_counter() - start
+    extra = {"config": config.model_dump(mode="json"),
+             "provenance": provenance(config.device, torch.get_num_threads(), seconds)}
     if out_dir is not None:
         return write_results(table, Path(out_dir), extra)
     return {"final": table.final(), **extra}
@@ -439,7 +601,14 @@ def run_table(
         for seed in config.seeds:
             task = build_task(config, seed)
             for method in config.methods:
-                bar.set_postfix_str(f"{method.display} seed={seed}")
+                label, started, rounds = f"{method.display} seed={seed}", time.perf_counter(), itertools.count(1)
+
+                def advance() -> None:  # called within this iteration only
+                    bar.set_postfix_str(f"{label} round {next(rounds)}/{config.rounds}", refresh=False)
+                    bar.update(1)
+
+                bar.set_postfix_str(label)
                 checkpoint = checkpoint_of(method, seed)
-                table.extend(run_method(method, config, seed, lambda: bar.update(1), task, checkpoint))
+                table.extend(run_method(method, config, seed, advance, task, checkpoint))
+                bar.item_done(f"{label} done ({time.perf_counter() - started:.1f} s)")
     return table

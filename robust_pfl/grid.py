@@ -31,6 +31,7 @@ from robust_pfl.backends import Backend, CellOutcome, CellTask, LocalBackend
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Grid, GridCell
 from robust_pfl.plugins import PluginSource, shipped_sources
+from robust_pfl.provenance import provenance
 from robust_pfl.results import json_safe, atomic_write_text, write_outputs
 
 if TYPE_CHECKING:
@@ -170,7 +171,8 @@ def _table_text(columns: Sequence[str], blocks: Iterable[list[dict[str, str]]]) 
 
 def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bool | None = None) -> dict[str, Any]:
     """Run every cell of ``grid`` not finished in ``out``'s store; return the summary
-    (also ``out/summary.json``, written last).
+    (also ``out/summary.json``, written last, with its ``provenance``: the torch
+    threads there are each cell's).
 
     Finished cells are skipped, errored ones run again; each outcome is appended as it
     arrives; ``grid.json`` records every cell's axes and config.  Without ``backend``
@@ -196,7 +198,7 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
         errors: dict[str, str] = {}
         try:
             with progress_bar(len(todo), f"grid {Path(grid.source).name}", progress) as bar:
-                for outcome in backend.map_unordered(_tasks(grid, todo, out)):
+                for count, outcome in enumerate(backend.map_unordered(_tasks(grid, todo, out)), start=1):
                     cell = by_key[outcome.cell]
                     store.append(cell, outcome)
                     if outcome.error is None:
@@ -204,7 +206,9 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
                     else:
                         errors[cell.cell] = outcome.error
                         bar.set_postfix_str(f"{len(errors)} errored")
-                    bar.update(1)
+                    finished = "errored" if outcome.error is not None else "done"
+                    bar.item_done(f"cell {count}/{len(todo)} {finished}: {cell.describe()} ({outcome.seconds:.1f} s)",
+                                  advance=1)
         finally:
             if owned:
                 backend.close()
@@ -219,6 +223,9 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
             "results": str(out / STORE),
             "seconds": time.perf_counter() - start,
         }
+        devices = sorted({str(cell.config.get("device")) for cell in grid.cells})
+        summary["provenance"] = provenance(devices[0] if len(devices) == 1 else devices, grid.resources.threads,
+                                           summary["seconds"])
         write_outputs(out, summary, {})
     return summary
 
@@ -250,16 +257,22 @@ def _remove_checkpoint(out: Path, cell: GridCell) -> None:
 
 
 def _record_cells(path: Path, cells: Sequence[GridCell]) -> None:
-    """Merge the cells' axes and configs into ``grid.json`` (written atomically)."""
+    """Merge the cells' axes and configs into ``grid.json`` (written atomically), and
+    its ``order``: the cell keys of the latest grid in grid order (its methods in
+    config order), then the other cells recorded before."""
     recorded: dict[str, Any] = {}
+    order: list[str] = []
     if path.exists():
         try:
-            recorded = json.loads(path.read_text(encoding="utf-8")).get("cells", {})
-        except (json.JSONDecodeError, AttributeError):
-            recorded = {}
+            data = json.loads(path.read_text(encoding="utf-8"))
+            recorded = dict(data.get("cells", {}))
+            order = [str(key) for key in data.get("order", [])]
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+            recorded, order = {}, []
     for cell in cells:
         recorded[cell.cell] = {"axes": cell.axes, "config": cell.config}
-    text = json.dumps(json_safe({"cells": recorded}), indent=1, sort_keys=True, allow_nan=False)
+    order = list(dict.fromkeys([*(cell.cell for cell in cells), *order, *recorded]))
+    text = json.dumps(json_safe({"cells": recorded, "order": order}), indent=1, sort_keys=True, allow_nan=False)
     atomic_write_text(path, text + "\n")
 
 

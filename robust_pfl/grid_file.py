@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence, get_origin
@@ -30,7 +29,7 @@ from typing import Any, Iterator, Sequence, get_origin
 import torch
 from pydantic import BaseModel
 
-from robust_pfl.config import ConfigError, ExperimentConfig, models_in, parse_config
+from robust_pfl.config import ConfigError, ExperimentConfig, check_nesting, models_in, parse_config, parse_toml
 from robust_pfl.plugins import load_plugins, with_resolved_paths
 from robust_pfl.registry import did_you_mean
 
@@ -134,13 +133,14 @@ def read_grid_file(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of a grid file, for callers that adjust it before
     :func:`expand_grid` (a recipe's quick mode)."""
     try:
-        with open(path, "rb") as handle:
-            return tomllib.load(handle)
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"grid file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
-        reason = getattr(error, "strerror", None) or error
-        raise ConfigError(f"cannot read grid {path} (a UTF-8 TOML file): {reason}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read grid {path} (a UTF-8 TOML file): {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"cannot read grid {path} (a UTF-8 TOML file): {error}") from None
+    return parse_toml(text, f"grid {path}")
 
 
 def expand_grid(data: dict[str, Any], source: str) -> Grid:
@@ -153,6 +153,7 @@ def expand_grid(data: dict[str, Any], source: str) -> Grid:
         ConfigError: ``invalid grid <source>:`` and one line per problem, naming the
             grid field and element (``grid.byzantine.total[1]: ...``) or the base field.
     """
+    check_nesting(data, f"grid {source}")
     base = with_resolved_paths(copy.deepcopy(data))
     load_plugins(base.get("plugins"), source)  # before any name is checked against a registry
     sweeps = base.pop(GRID, {})
@@ -175,8 +176,13 @@ def cell_key(config: ExperimentConfig) -> str:
     the same run gives the same key however its file wrote it (defaults explicit or
     not).  Non-finite numbers stay distinct (``NaN``, not ``null``).  ``plugins`` is
     left out: it says where names come from, not what runs (the names and options
-    it registers are in the key)."""
-    text = json.dumps(config.model_dump(exclude={"plugins"}), sort_keys=True)
+    it registers are in the key).  ``checkpoint_every`` counts as unset: it decides
+    when state is saved, never a result (a resumed run is bit-identical), so adding
+    checkpoints to a grid reruns no finished cell.  The device stays in the key: a
+    cell's numbers differ from one device to another."""
+    resolved = config.model_dump(exclude={"plugins"})
+    resolved["checkpoint_every"] = None
+    text = json.dumps(resolved, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -20,15 +20,22 @@ Every value is an honest-client mean (what the stores hold).  Columns take roles
   a recipe's ``setting`` ...), as ``column=value``; each setting gets its own row of
   panels (its own heatmap).
 
-Figures (PNG and PDF each, all staged before any is moved into place):
+Figures (PNG and PDF each, all staged before any is moved into place), each file
+named after the figure and the metric, ``curves-test_accuracy.png``, so figures of
+several metrics sit side by side in one directory:
 
-1. ``curves``: the metric against the round, one panel per attack, one line per
+1. ``curves-METRIC``: the metric against the round, one panel per attack, one line per
    defense, the band one standard deviation over seeds either side of the mean;
-2. ``heatmap``: the final metric (each run's last recorded round), attack x defense,
-   mean over seeds, annotated;
-3. ``byzantine_fraction``: the final metric against the Byzantine fraction, one panel
-   per attack, one line per defense, the same band; skipped with a note when the data
-   hold one fraction.
+2. ``heatmap-METRIC``: the final metric (each run's last recorded round), attack x
+   defense, mean over seeds, annotated;
+3. ``byzantine_fraction-METRIC``: the final metric against the Byzantine fraction, one
+   panel per attack, one line per defense, the same band; skipped with a note when the
+   data hold one fraction.
+
+Each defense's line has its own colour, dash pattern and marker, and a marker at every
+evaluation (every recorded round), so lines that coincide (FC under GT) still show; the
+legend names every line.  Axes carry readable names (:func:`metric_label`:
+``Test accuracy (%)`` for ``test_accuracy`` held as fractions).
 
 Curves and heatmap show each attack at its most common Byzantine fraction (the
 largest on a tie: where attacks bite); the fraction figure shows them all.  The
@@ -63,6 +70,40 @@ BAND = "sd"  # seaborn errorbar: mean +- one standard deviation over seeds
 NO_ATTACK_RECORDED = "attack not recorded"
 FIGURES = ("curves", "heatmap", "byzantine_fraction")
 PANEL_HEIGHT = 2.6
+#: Readable axis names of the metrics the tasks record; any other metric reads as its
+#: name with underscores as spaces (:func:`metric_label`).
+METRIC_LABELS = {
+    "test_accuracy": "Test accuracy",
+    "validation_accuracy": "Validation accuracy",
+    "train_accuracy": "Train accuracy",
+    "accuracy": "Accuracy",
+    "test_loss": "Test loss",
+    "validation_loss": "Validation loss",
+    "train_loss": "Train loss",
+    "loss": "Loss",
+    "param_error": "Parameter error ||x_i - x*||²",
+    "nonfinite_models": "Non-finite honest models (fraction)",
+    "ari": "Adjusted Rand index",
+}
+#: Above this many evaluations on a line, markers shrink so they do not merge.
+DENSE_MARKERS = 30
+
+
+def metric_label(metric: str, percent: bool = False) -> str:
+    """The axis name of ``metric``: :data:`METRIC_LABELS`, else the name with
+    underscores as spaces, its first letter capitalised; `` (%)`` when shown in percent."""
+    label = METRIC_LABELS.get(metric)
+    if label is None:
+        spaced = metric.replace("_", " ").strip() or metric
+        label = spaced[:1].upper() + spaced[1:]
+    return f"{label} (%)" if percent else label
+
+
+def figure_file(figure: str, metric: str, kind: str) -> str:
+    """The file name of ``figure`` for ``metric``: ``curves-test_accuracy.png``
+    (characters other than letters, digits, ``_ . -`` in the metric become ``_``)."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in metric)
+    return f"{figure}-{safe}.{kind}"
 
 
 @dataclass(frozen=True)
@@ -86,7 +127,7 @@ class MetricView:
 
     @property
     def label(self) -> str:
-        return f"{self.metric} (%)" if self.percent else self.metric
+        return metric_label(self.metric, self.percent)
 
     @property
     def seeds(self) -> int:
@@ -342,19 +383,33 @@ def _seed_text(view: MetricView) -> str:
     return f"band: mean ± 1 sd over {view.seeds} seeds" if view.seeds > 1 else "one seed, no band"
 
 
-def _relplot(frame: pd.DataFrame, x: str, view: MetricView, markers: bool) -> Any:
+def _relplot(frame: pd.DataFrame, x: str, view: MetricView) -> Any:
+    """One line per defense with its own colour, dashes and marker (a marker at every
+    x the data hold: each evaluation), the legend naming each."""
     import seaborn as sns
 
     frame = frame.assign(value=frame["value"].where(np.isfinite(frame["value"])))
     rows = frame["setting"].nunique() > 1
+    defenses = _order(frame["defense"])
+    points = frame.groupby(["run"])[x].nunique().max() if len(frame) else 0
     grid = sns.relplot(
-        data=frame, x=x, y="value", kind="line", hue="defense", hue_order=_order(frame["defense"]),
+        data=frame, x=x, y="value", kind="line", hue="defense", hue_order=defenses,
+        style="defense", style_order=defenses, markers=True, dashes=True,
         col="attack", col_order=_order(frame["attack"], "none"),
         row="setting" if rows else None, row_order=_order(frame["setting"]) if rows else None,
-        errorbar=BAND, marker="o" if markers else None, markersize=4, height=PANEL_HEIGHT, aspect=1.25,
-        facet_kws={"sharey": "row", "margin_titles": rows},
+        errorbar=BAND, linewidth=1.6, markersize=4 if points > DENSE_MARKERS else 7,
+        # hollow markers in the line's colour (seaborn's default edge is white): a marker
+        # under another of another shape still shows
+        markerfacecolor="none", markeredgecolor=None, markeredgewidth=1.2,
+        height=PANEL_HEIGHT, aspect=1.25, facet_kws={"sharey": "row", "margin_titles": rows},
     )
     grid.set_titles(row_template="{row_name}", col_template="attack: {col_name}")
+    if grid.legend is not None:
+        grid.legend.set_title("defense")
+        for handle in grid.legend.legend_handles:  # hollow like the lines' markers
+            if hasattr(handle, "set_markerfacecolor"):
+                handle.set_markeredgecolor(handle.get_color())
+                handle.set_markerfacecolor("none")
     grid.set_ylabels(view.label)
     if _log_scale(frame["value"]):
         grid.set(yscale="log")
@@ -364,8 +419,8 @@ def _relplot(frame: pd.DataFrame, x: str, view: MetricView, markers: bool) -> An
 def curves_figure(view: MetricView) -> Any:
     """Metric against round (see the module docstring); the matplotlib figure."""
     frame = at_shown_fraction(view.frame)
-    grid = _relplot(frame, "round", view, markers=False)
-    grid.set_xlabels("round")
+    grid = _relplot(frame, "round", view)
+    grid.set_xlabels("Round")
     where = _fraction_text(view.frame)
     grid.figure.suptitle(
         f"{view.label} over {view.last_round} rounds" + (f", {where}" if where else "") + f"\n{_seed_text(view)}",
@@ -376,10 +431,11 @@ def curves_figure(view: MetricView) -> Any:
 
 def fraction_figure(view: MetricView) -> Any:
     """Final metric against Byzantine fraction; the matplotlib figure."""
-    grid = _relplot(final_values(view), "fraction", view, markers=True)
+    grid = _relplot(final_values(view), "fraction", view)
     grid.set_xlabels("Byzantine fraction")
     grid.figure.suptitle(
-        f"final {view.label} (round {view.last_round}) against n_byzantine / n_clients\n{_seed_text(view)}",
+        f"{view.label} at the last round ({view.last_round}) against the Byzantine fraction "
+        f"(n_byzantine / n_clients)\n{_seed_text(view)}",
         y=1.0, va="bottom",
     )
     return grid.figure
@@ -406,14 +462,14 @@ def heatmap_figure(view: MetricView, tables: list[Heatmap]) -> Any:
             linewidths=0.5, linecolor="white", cbar_kws={"label": view.label},
         )
         _annotate(ax, table, view.percent, norm)
-        ax.set(xlabel="defense", ylabel="attack", title=table.setting)
+        ax.set(xlabel="Defense", ylabel="Attack", title=table.setting)
         if max(len(str(c)) for c in table.mean.columns) > 6:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
         plt.setp(ax.get_yticklabels(), rotation=0)
     where = _fraction_text(view.frame)
     plural = "s" if view.seeds > 1 else ""
     figure.suptitle(
-        f"final {view.label} (round {view.last_round})\nmean over {view.seeds} seed{plural}"
+        f"{view.label} at the last round ({view.last_round})\nmean over {view.seeds} seed{plural}"
         + (f", {where}" if where else ""),
         fontsize="medium",
     )
@@ -478,12 +534,12 @@ def plot_results(path: str | Path, out: str | Path | None = None, metric: str | 
             figures["byzantine_fraction"] = fraction_figure(view)
         files: dict[str, Content] = {}
         for name, figure in figures.items():
-            files[f"{name}.png"] = png_writer(figure, bbox_inches="tight")
-            files[f"{name}.pdf"] = pdf_writer(figure)
+            files[figure_file(name, chosen, "png")] = png_writer(figure, bbox_inches="tight")
+            files[figure_file(name, chosen, "pdf")] = pdf_writer(figure)
         write_files(out, files)
         for stale in set(FIGURES) - figures.keys():  # a skipped figure's files from an earlier call
             for kind in ("png", "pdf"):
-                (out / f"{stale}.{kind}").unlink(missing_ok=True)
+                (out / figure_file(stale, chosen, kind)).unlink(missing_ok=True)
     finally:
         for figure in figures.values():
             close_figure(figure)

@@ -1,7 +1,9 @@
 """Tidy results: one row per (run, round, metric), written atomically.
 
 ``history.csv`` columns: ``method, seed, round, metric, value`` (honest-client means).
-``summary.json``: the final metrics per method (mean and per-seed values).
+``summary.json``: the final metrics per method (mean and per-seed values; methods in
+config order, every other key sorted), plus what the caller adds (``robust-pfl run``:
+its ``config`` and ``provenance``).
 
 Every file is written through a temporary file in its directory and ``os.replace``,
 so a killed run never leaves a half-written file.  A command's outputs (history,
@@ -46,20 +48,27 @@ class ResultTable:
 
     def final(self) -> dict[str, dict[str, dict[str, Any]]]:
         """``{method: {metric: {"mean": m, "per_seed": {seed: v}}}}`` at each run's
-        last recorded round."""
+        last recorded round; methods in the order their rows first appear (a run's
+        config order), kept in ``summary.json`` (:class:`KeptOrder`)."""
         last: dict[tuple[str, int, str], tuple[int, float]] = {}
         for row in self.rows:
             key = (row["method"], row["seed"], row["metric"])
             if key not in last or row["round"] >= last[key][0]:
                 last[key] = (row["round"], row["value"])
-        summary: dict[str, dict[str, dict[str, Any]]] = {}
-        for (method, seed, metric), (_, value) in sorted(last.items()):
+        position = {method: index for index, method in enumerate(dict.fromkeys(row["method"] for row in self.rows))}
+        summary: dict[str, dict[str, dict[str, Any]]] = KeptOrder()
+        for (method, seed, metric), (_, value) in sorted(last.items(), key=lambda item: (position[item[0][0]], item[0])):
             entry = summary.setdefault(method, {}).setdefault(metric, {"per_seed": {}})
             entry["per_seed"][str(seed)] = value
         for metrics in summary.values():
             for entry in metrics.values():
                 entry["mean"] = mean(entry["per_seed"].values())
         return summary
+
+
+class KeptOrder(dict):
+    """A dict whose keys ``summary.json`` keeps in insertion order (a run's methods in
+    config order); the keys of every other dict in a summary are written sorted."""
 
 
 #: What a file may be written from: its text, or a function that writes it to a path.
@@ -183,15 +192,27 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {key: json_safe(item) for key, item in value.items()}
+        safe = {key: json_safe(item) for key, item in value.items()}
+        return KeptOrder(safe) if isinstance(value, KeptOrder) else safe
     if isinstance(value, (list, tuple)):
         return [json_safe(item) for item in value]
     return value
 
 
+def _key_sorted(value: Any) -> Any:
+    """``value`` with the keys of its dicts sorted, except a :class:`KeptOrder`'s."""
+    if isinstance(value, dict):
+        items = value.items() if isinstance(value, KeptOrder) else sorted(value.items(), key=lambda item: item[0])
+        return {key: _key_sorted(item) for key, item in items}
+    if isinstance(value, (list, tuple)):
+        return [_key_sorted(item) for item in value]
+    return value
+
+
 def summary_text(summary: dict[str, Any]) -> str:
-    """``summary.json``'s text: strict JSON (non-finite numbers as strings)."""
-    return json.dumps(json_safe(summary), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    """``summary.json``'s text: strict JSON (non-finite numbers as strings), keys
+    sorted except a :class:`KeptOrder`'s (``final``: methods in config order)."""
+    return json.dumps(_key_sorted(json_safe(summary)), indent=2, allow_nan=False) + "\n"
 
 
 def write_summary(summary: dict[str, Any], path: Path) -> None:

@@ -66,6 +66,8 @@ class AttackBase(ABC):
     * ``write_rows(rows, context)`` / ``write_from(messages, rows, context)``: optional
       fast paths writing the call's rows in place (``None``: absent).
     * ``poison(targets, num_classes)``: a data attack's label poisoning (``None``: none).
+    * ``check_reported_models(models)``: a loss-forging attack's check, at load, of
+      the number of models a method reports losses on.
     """
 
     name: ClassVar[str]
@@ -79,6 +81,11 @@ class AttackBase(ABC):
     write_rows: ClassVar[Callable[..., None] | None] = None
     write_from: ClassVar[Callable[..., None] | None] = None
     poison: ClassVar[Callable[[Tensor, int], Tensor] | None] = None
+
+    def check_reported_models(self, models: int) -> None:
+        """Raise ``ValueError`` if the attack cannot forge loss reports on ``models``
+        models (only attacks with ``forges_losses`` are asked; a run config is checked
+        at load against every method's count).  Default: any count."""
 
     @abstractmethod
     def __call__(self, messages: Tensor, context: "AttackContext") -> Tensor:

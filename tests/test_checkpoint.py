@@ -375,7 +375,7 @@ def test_resume_of_a_changed_config_exits_2_naming_the_checkpoint(tmp_path, caps
     assert main(["run", str(config), "--out", str(out), "--resume"]) == 2
     error = capsys.readouterr().err
     assert str(out / "checkpoints" / "fc-seed0.pt") in error and "another run" in error
-    assert main(["run", str(config), "--out", str(out)]) == 0  # without --resume: afresh
+    assert main(["run", str(config), "--out", str(out), "--overwrite"]) == 0  # not --resume: afresh
 
 
 def test_run_without_resume_removes_old_checkpoints(tmp_path):

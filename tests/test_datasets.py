@@ -402,6 +402,15 @@ def test_download_rejects_checksum_mismatch(tmp_path, served, fragment):
     assert list(tmp_path.iterdir()) == []  # no file, no temporary left behind
 
 
+def test_a_failed_first_download_leaves_no_directory_and_says_how_to_place_the_files(tmp_path):
+    fetch = FakeFetch({})  # every mirror fails
+    with pytest.raises(DatasetError) as caught:
+        download_mnist(tmp_path / "new" / "mnist", allow=True, mirrors=["https://mirror.example"], fetch=fetch)
+    assert not (tmp_path / "new" / "mnist").exists()
+    message = str(caught.value)
+    assert "by hand" in message and all(name in message for name in MNIST_CHECKSUMS) and "data_dir" in message
+
+
 def test_download_verifies_and_writes(tmp_path):
     payload = idx_bytes(np.arange(5, dtype=np.uint8))
     archive = gzip.compress(payload, mtime=0)

@@ -96,9 +96,9 @@ def test_tiny_run_writes_its_outputs_and_resumes(tmp_path, monkeypatch, single_t
     monkeypatch.setattr(fig6, "DIGITS", tiny)
     monkeypatch.setattr(fig6, "QUICK_BIT_FLIP_STEPS", 8)
     status = fig6.main(tmp_path, quick=True, panels=("bit_flip",))
-    assert status in (0, 1)
+    assert status == 0  # quick mode: a smoke run that decides no claim
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["holds"] == (status == 0)
+    assert summary["holds"] is None
     assert (tmp_path / "fig6.png").stat().st_size > 0
     assert "bit_flip (official)" in (tmp_path / "fig6.md").read_text()
     assert not any((tmp_path / "grid" / "checkpoints").glob("*.pt"))  # removed once stored

@@ -111,22 +111,6 @@ def test_killed_grid_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
     pd.testing.assert_frame_equal(comparable(frame), comparable(pd.read_csv(reference / "results.csv")))
 
 
-POOL_KILLED = """
-import os, signal, threading, time
-from robust_pfl.backends import CellTask, LocalBackend
-config = {"seeds": [0], "rounds": 10**6, "task": {"clusters": 1, "clients_per_cluster": 2},
-          "methods": [{"name": "local"}]}
-backend = LocalBackend(jobs=2)
-tasks = [CellTask(str(i), config, "busy cell", None, 1) for i in range(2)]
-threading.Thread(target=lambda: next(backend.map_unordered(tasks)), daemon=True).start()
-while backend._pool is None or len(backend._pool._processes) < 2:
-    time.sleep(0.05)
-print(*backend._pool._processes, flush=True)
-time.sleep(2.0)  # the workers are busy with their cells
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (an exited one not yet reaped counts as gone)."""
     try:
@@ -139,7 +123,8 @@ def alive(pid: int) -> bool:
 def test_pool_workers_end_with_a_killed_grid_process():
     """``--jobs N``: SIGKILL of the grid's process leaves no worker running its cell
     for nobody (nor idling afterwards, nor racing a rerun for the cell's checkpoint)."""
-    process = subprocess.Popen([sys.executable, "-c", POOL_KILLED], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, "-c", POOL_KILLED, "2.0"], cwd=ROOT,  # workers busy with cells
+                               stdout=subprocess.PIPE, text=True)
     with process.stdout:  # the workers inherit the pipe: read the line, not to its end
         workers = [int(pid) for pid in process.stdout.readline().split()]
     try:
@@ -160,3 +145,39 @@ def test_a_worker_whose_grid_died_while_it_started_exits_before_taking_a_cell():
     script = "import os\nfrom robust_pfl.backends import exit_with_parent\nexit_with_parent(os.getppid() + 10**7)\nprint('took a cell')"
     finished = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 1 and "took a cell" not in finished.stdout
+
+
+POOL_KILLED = """
+import os, signal, sys, threading, time
+from robust_pfl.backends import CellTask, LocalBackend
+config = {"seeds": [0], "rounds": 10**6, "task": {"clusters": 1, "clients_per_cluster": 2},
+          "methods": [{"name": "local"}]}
+backend = LocalBackend(jobs=2)
+tasks = [CellTask(str(i), config, "busy cell", None, 1) for i in range(2)]
+threading.Thread(target=lambda: next(backend.map_unordered(tasks)), daemon=True).start()
+while backend._pool is None or len(backend._pool._processes) < 2:
+    time.sleep(0.01)
+print(*backend._pool._processes, flush=True)
+time.sleep(float(sys.argv[1]))  # < 2 s: the workers are still starting (importing torch)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+@pytest.mark.parametrize("delay", [0.0, 0.3, 1.0])
+def test_no_worker_of_a_grid_killed_while_they_start_is_alive_a_second_later(delay):
+    """Workers are armed on their first import of the package, before torch: a grid
+    SIGKILLed while they start leaves none alive one second later (a worker still in
+    the interpreter's own start-up finds its parent gone and exits when it reaches the
+    package)."""
+    process = subprocess.Popen([sys.executable, "-c", POOL_KILLED, str(delay)], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True)
+    with process.stdout:
+        workers = [int(pid) for pid in process.stdout.readline().split()]
+    try:
+        assert process.wait(timeout=120) == -signal.SIGKILL and len(workers) == 2
+        time.sleep(1.0)
+        assert not any(map(alive, workers)), "a pool worker outlived the killed grid by a second"
+    finally:
+        for pid in filter(alive, workers):
+            os.kill(pid, signal.SIGKILL)

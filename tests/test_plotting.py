@@ -80,13 +80,13 @@ def test_grid_store_gives_every_figure_as_png_and_pdf(tmp_path, capsys):
 
     out = tmp_path / "plots"
     printed = capsys.readouterr().out
-    expected = {f"{name}.{kind}" for name in FIGURES for kind in ("png", "pdf")}
+    expected = {f"{name}-test_accuracy.{kind}" for name in FIGURES for kind in ("png", "pdf")}
     assert {p.name for p in out.iterdir()} == expected  # nothing else: no staged temporaries
     for name in FIGURES:
-        image = matplotlib.image.imread(out / f"{name}.png")
+        image = matplotlib.image.imread(out / f"{name}-test_accuracy.png")
         assert image.shape[0] > 100 and image.shape[1] > 100
-        assert (out / f"{name}.pdf").read_bytes().startswith(b"%PDF")
-        assert str(out / f"{name}.png") in printed and str(out / f"{name}.pdf") in printed
+        assert (out / f"{name}-test_accuracy.pdf").read_bytes().startswith(b"%PDF")
+        assert str(out / f"{name}-test_accuracy.png") in printed and str(out / f"{name}-test_accuracy.pdf") in printed
     assert "skipped" not in printed
 
 
@@ -94,13 +94,14 @@ def test_one_fraction_skips_the_fraction_figure_with_a_note(tmp_path):
     """The note says why, and no stale fraction figure stays beside the new ones."""
     write_csv(tmp_path / "store.csv", store_rows(FINALS))
     (tmp_path / "figures").mkdir()
-    (tmp_path / "figures" / "byzantine_fraction.png").write_text("an earlier call's figure")
+    (tmp_path / "figures" / "byzantine_fraction-test_accuracy.png").write_text("an earlier call's figure")
 
     report = plotting.plot_results(tmp_path / "store.csv", tmp_path / "figures")
 
-    assert sorted(p.name for p in report.files) == ["curves.pdf", "curves.png", "heatmap.pdf", "heatmap.png"]
+    assert sorted(p.name for p in report.files) == [
+        "curves-test_accuracy.pdf", "curves-test_accuracy.png", "heatmap-test_accuracy.pdf", "heatmap-test_accuracy.png"]
     assert all(p.stat().st_size > 0 for p in report.files)
-    assert not (tmp_path / "figures" / "byzantine_fraction.png").exists()
+    assert not (tmp_path / "figures" / "byzantine_fraction-test_accuracy.png").exists()
     assert report.notes == ["byzantine_fraction: skipped (one Byzantine fraction in the data: 0.1)"]
 
 
@@ -124,7 +125,7 @@ def test_run_history_plots_with_the_configs_attack(tmp_path, capsys):
     assert "plotted param_error" in printed
     assert "byzantine_fraction: skipped (history.csv records no Byzantine fraction)" in printed
     assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
-        "curves.pdf", "curves.png", "heatmap.pdf", "heatmap.png"]
+        "curves-param_error.pdf", "curves-param_error.png", "heatmap-param_error.pdf", "heatmap-param_error.png"]
 
 
 # -- what the figures show -------------------------------------------------------------------
@@ -135,7 +136,7 @@ def test_heatmap_shows_hand_computed_means_over_seeds_in_percent(tmp_path):
     exactly these numbers, baseline attack first."""
     write_csv(tmp_path / "results.csv", store_rows(FINALS))
     view = view_of(tmp_path)
-    assert view.percent and view.label == "test_accuracy (%)"
+    assert view.percent and view.label == "Test accuracy (%)"
 
     (table,) = plotting.heatmap_tables(view)
 

@@ -98,7 +98,7 @@ def test_table1_exit_status_follows_the_orderings(tmp_path, monkeypatch):
     summary = json.loads((tmp_path / "full" / "summary.json").read_text())
     assert status == (0 if all(check["holds"] for check in summary["orderings"]) else 1)
     assert main(["reproduce", "table1", "--quick", "--out", str(tmp_path / "quick")]) == 0
-    assert "quick mode: a smoke run that decides no claim" in (tmp_path / "quick" / "table1.md").read_text()
+    assert "quick mode: a smoke run; it decides no claim" in (tmp_path / "quick" / "table1.md").read_text()
     # and the failing case is reached: force an ordering to fail
     monkeypatch.setattr(table1, "orderings", lambda results: [{"task": "rotation", "claim": "FC > Local",
                                                                "gap_points": -1.0, "holds": False}])

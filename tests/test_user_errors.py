@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import struct
 from pathlib import Path
@@ -110,9 +111,10 @@ def test_attack_listing_shows_no_internal_field(capsys):
     start = next(i for i, line in enumerate(lines) if line.startswith("  optimised "))
     shown = []
     for line in lines[start + 1:]:
-        if not line.startswith("      "):
+        if not line.startswith("    "):
             break
-        shown.append(line.split(":")[0].strip())
+        if line.startswith("      ") and not line.startswith("       "):  # a parameter, not a continuation
+            shown.append(line.split(":")[0].strip())
     assert shown == ["base", "scales"]
 
 
@@ -410,3 +412,89 @@ def test_attack_table_full_run_has_no_quick_note(tmp_path, monkeypatch, capsys):
     assert status == 0 and "Quick mode" not in out
     assert "Quick mode" not in (out_dir / "attack_table.md").read_text()
     assert json.loads((out_dir / "summary.json").read_text())["mode"] == "full"
+
+
+def test_too_many_byzantine_clients_blame_the_byzantine_table(tmp_path):
+    """400 Byzantine clients leave no digits test image per client whatever
+    clients_per_cluster is: the error names ``byzantine``, not the task."""
+    text = ('[task]\nname = "image"\ndataset = "digits"\nclusters = 4\nclients_per_cluster = 10\n'
+            "[byzantine]\ntotal = 400\n" + METHOD)
+    message = config_message(write(tmp_path, text))
+    assert "\n  byzantine: 400 Byzantine clients" in message and "lower byzantine.total" in message
+    assert "task.clients_per_cluster:" not in message
+
+
+def test_missing_image_files_name_the_config_key_a_run_reads(tmp_path, monkeypatch):
+    """``run`` has no ``--data-dir``: the hint names ``data_dir`` in ``[task]``."""
+    monkeypatch.delenv("ROBUST_PFL_DATA", raising=False)
+    text = ('[task]\nname = "image"\ndataset = "mnist"\n'
+            f'data_dir = "{tmp_path / "nothing"}"\n' + METHOD)
+    message = config_message(write(tmp_path, text))
+    assert 'data_dir = "DIR" in the config\'s [task] table' in message
+
+
+@pytest.mark.parametrize("kind", ["array", "inline table", "dotted key"])
+def test_deeply_nested_configs_and_grids_are_config_errors(kind, tmp_path):
+    """600 nested arrays or inline tables (the TOML parser recurses), or a key 3000
+    levels deep (copying recurses): a config error, never a RecursionError."""
+    junk = {"array": "[" * 600 + "]" * 600, "inline table": "{ a = " * 600 + "1" + " }" * 600,
+            "dotted key": None}[kind]
+    line = "a." * 3000 + "b = 1" if junk is None else f"junk = {junk}"
+    path = write(tmp_path, line + "\n" + METHOD)
+    with pytest.raises(ConfigError, match="deep"):
+        load_config(path)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(line + "\n" + METHOD + "[grid]\nseed = [0]\n")
+    from robust_pfl.grid_file import expand_grid, read_grid_file
+
+    with pytest.raises(ConfigError, match="deep"):
+        read_grid_file(grid)
+    nested: dict = {"b": 1}
+    for _ in range(3000):  # the same from Python (robust_pfl.run_grid's dict)
+        nested = {"a": nested}
+    with pytest.raises(ConfigError, match="nests more than 32 levels deep"):
+        expand_grid({"seeds": [0], "methods": [{"name": "local"}], "grid": {"x": [nested]}}, "<dict>")
+
+
+VALID_AT_LOAD_BEFORE = {  # each used to pass validation and then fail (or run meaninglessly)
+    "knn_per on a regression": ({"methods": [{"name": "knn_per"}]}, "methods[0].name", "classification task"),
+    "forged target past the models": ({"methods": [{"name": "fc"}, {"name": "ifca"}], "byzantine": {"total": 1},
+                                       "attack": {"name": "forged_loss", "target": 7}},
+                                      "attack", "reports losses on 4 models (methods[1] = 'ifca')"),
+    "lr past float32": ({"methods": [{"name": "fc", "lr": 1e308}]}, "methods[0].lr", "float32 holds"),
+    "infinite lr": ({"methods": [{"name": "fc", "lr": math.inf}]}, "methods[0].lr", "finite number > 0"),
+    "infinite ditto lambda": ({"methods": [{"name": "ditto", "lambda": math.inf}]}, "methods[0].lambda", "finite"),
+    "infinite noise": ({"task": {"noise": math.inf}, "methods": [{"name": "fc"}]}, "task.noise", "finite"),
+    "dimension past memory": ({"task": {"dim": 10**12}, "methods": [{"name": "fc"}]}, "task", "GiB"),
+    "clients past memory": ({"task": {"clients_per_cluster": 10**9}, "methods": [{"name": "fc"}]}, "task", "GiB"),
+}
+
+
+@pytest.mark.parametrize("case", list(VALID_AT_LOAD_BEFORE))
+def test_configs_that_would_fail_at_run_time_are_refused_at_load(case):
+    from robust_pfl.config import parse_config
+
+    data, field, words = VALID_AT_LOAD_BEFORE[case]
+    with pytest.raises(ConfigError) as caught:
+        validate(parse_config(data))
+    assert f"\n  {field}: " in str(caught.value) and words in str(caught.value)
+
+
+def test_a_constant_past_float32s_range_is_sent_as_inf_and_no_honest_model_breaks():
+    import robust_pfl
+
+    config = {"seeds": [0], "rounds": 2, "task": {"clusters": 2, "clients_per_cluster": 3}, "byzantine": {"total": 1},
+              "attack": {"name": "constant", "value": 1e39}, "methods": [{"name": "fc"}, {"name": "global"}]}
+    frame = robust_pfl.run(config, progress=False)
+    assert (frame[frame.metric == "nonfinite_models"].value == 0).all()
+
+
+def test_field_names_in_errors_are_as_the_user_wrote_them():
+    """pydantic labels the members of an untagged union (``aggregator.str``,
+    ``aggregator.dict[str,any]``); the error names the field once, as written."""
+    from robust_pfl.config import parse_config
+
+    with pytest.raises(ConfigError) as caught:
+        validate(parse_config({"methods": [{"name": "global", "aggregator": 5}]}))
+    lines = str(caught.value).splitlines()[1:]
+    assert lines == ["  methods[0].aggregator: must be a string or a table, got 5"]

@@ -250,6 +250,27 @@ def _non_finite(value: float) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
+def _run_checks(budget: Budget, names: list[str] | None, seeds: int) -> dict[int, dict[str, CheckResult]]:
+    """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, with progress: a bar on a
+    terminal, else a line on stderr per finished check (``progress_bar``)."""
+    from robust_pfl.experiments import progress_bar
+
+    chosen = list(registry.STATEMENTS) if names is None else list(names)
+    if any(name not in registry.STATEMENTS for name in chosen):
+        registry.run_checks(budget, chosen, 0)  # raises, naming them, before any check runs
+    across: dict[int, dict[str, CheckResult]] = {}
+    with progress_bar(len(chosen) * seeds, f"theory report ({budget})") as bar:
+        for seed in range(seeds):
+            across[seed] = {}
+            for name in chosen:
+                bar.set_postfix_str(f"{name} seed={seed}")
+                start = time.perf_counter()
+                across[seed][name] = registry.run_checks(budget, [name], seed)[name]
+                bar.item_done(f"{name} seed={seed}: {status_text(across[seed][name])} "
+                              f"({time.perf_counter() - start:.1f} s)", advance=1)
+    return across
+
+
 def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None,
                  seeds: int = 1) -> dict[str, Any]:
     """Run the checks (``names``, default all) on the instances of seeds ``0 ..
@@ -265,7 +286,7 @@ def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = 
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     out = Path(out)
     started = time.perf_counter()
-    across = {seed: registry.run_checks(budget, names, seed) for seed in range(seeds)}
+    across = _run_checks(budget, names, seeds)
     results = across[0]
     seconds = time.perf_counter() - started
     statements = registry.STATEMENTS

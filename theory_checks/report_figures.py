@@ -42,45 +42,83 @@ def anchored_lines(law: PowerLaw, claimed: float, xs: np.ndarray) -> tuple[np.nd
     return fitted, anchor_y * (xs / anchor_x) ** claimed
 
 
-def plot_scaling(result: CheckResult, target: Path) -> bool:
-    """Write ``target`` (PNG, atomically) with a log-log panel per variable: the
-    repeats, their mean, the fitted power law and the claimed slope.  Returns whether
-    a figure was written (``False`` when the result has no usable rows)."""
+def tick_text(value: float) -> str:
+    """A tick label with at most 3 significant digits: ``0.0303`` for 0.030303...,
+    ``2.83`` for 2.828..., ``512`` for 512, ``1.2e+04`` for 12000.4."""
+    return f"{value:.3g}"
+
+
+def thin_tick_labels(figure: Any, axis: Any, values: np.ndarray, gap_px: float = 4.0) -> int:
+    """Tick marks at every measured ``values`` on ``axis``'s x axis, labelled by
+    :func:`tick_text`; where neighbouring labels would overlap (closer than ``gap_px``),
+    only every k-th value is labelled, k the smallest that separates them (the first
+    value always labelled).  Returns k."""
+    texts = [tick_text(float(value)) for value in values]
+    renderer = figure.canvas.get_renderer()
+    for step in range(1, max(2, len(values) + 1)):
+        axis.set_xticks(values, [text if index % step == 0 else "" for index, text in enumerate(texts)])
+        figure.canvas.draw()
+        boxes = sorted((label.get_window_extent(renderer) for label in axis.get_xticklabels()
+                        if label.get_visible() and label.get_text()), key=lambda box: box.x0)
+        if all(right.x0 - left.x1 >= gap_px for left, right in zip(boxes, boxes[1:])):
+            return step
+    return len(values)
+
+
+def scaling_figure(result: CheckResult) -> Any | None:
+    """The figure of :func:`plot_scaling` (``None`` when the result has no usable
+    rows): a log-log panel per variable with the repeats, their mean, the fitted
+    power law and the claimed slope; x ticks at the measured values, labelled with at
+    most 3 significant digits and thinned where they would overlap; a legend below
+    each panel naming every line."""
     rows = [row for row in scaling_rows(result) if _positive(row["x"]) and _positive(row["error"])]
     if not rows:
-        return False
+        return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
-    import seaborn as sns
     from matplotlib.ticker import NullFormatter
 
     frame = pd.DataFrame(rows)[["variable", "x", "repeat", "error"]]
     frame["x"] = frame["x"].astype(float)
     frame["error"] = frame["error"].astype(float)
     variables = list(dict.fromkeys(frame["variable"]))
-    figure, axes = plt.subplots(1, len(variables), figsize=(4.2 * len(variables), 3.6), squeeze=False)
+    figure, axes = plt.subplots(1, len(variables), figsize=(4.2 * len(variables), 4.4), squeeze=False)
     for axis, variable in zip(axes[0], variables):
         part = frame[frame["variable"] == variable]
-        sns.scatterplot(data=part, x="x", y="error", color="0.6", alpha=0.5, s=14, ax=axis, label="repeats")
+        axis.scatter(part["x"], part["error"], color="0.6", alpha=0.5, s=14, linewidths=0, label="repeats")
         means = part.groupby("x", as_index=False)["error"].mean()
-        sns.lineplot(data=means, x="x", y="error", marker="o", color="C0", ax=axis, label="mean")
+        axis.plot(means["x"], means["error"], marker="o", color="C0", label="mean over repeats")
         if variable in result.exponents:
             law, claimed = result.exponents[variable]
             xs = means["x"].to_numpy()
             fitted, claimed_line = anchored_lines(law, claimed, xs)
             axis.plot(xs, fitted, color="C1", label=f"fit: slope {law.exponent:.3g} [{law.low:.3g}, {law.high:.3g}]")
-            axis.plot(xs, claimed_line, color="C3", linestyle="--", label=f"claimed slope {claimed:g}")
-        axis.set(xscale="log", yscale="log", xlabel=variable, ylabel="error", title=f"{result.statement}: {variable}")
-        measured = means["x"].to_numpy()
-        axis.set_xticks(measured, [f"{x:g}" for x in measured])  # the measured values, unclipped labels
+            axis.plot(xs, claimed_line, color="C3", linestyle="--", label=f"claimed slope {claimed:.3g}")
+        axis.set(xscale="log", yscale="log", xlabel=variable, ylabel="error")
+        axis.set_title(f"{result.statement}: {variable}", fontsize=10)
         axis.xaxis.set_minor_formatter(NullFormatter())
-        axis.legend(fontsize="small")
+        axis.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     figure.tight_layout()
-    save_png(figure, target)
-    plt.close(figure)
+    for axis, variable in zip(axes[0], variables):  # after the layout: the labels' final widths
+        thin_tick_labels(figure, axis, np.sort(frame.loc[frame["variable"] == variable, "x"].unique()))
+    return figure
+
+
+def plot_scaling(result: CheckResult, target: Path) -> bool:
+    """Write ``target`` (PNG, atomically) with :func:`scaling_figure`.  Returns whether
+    a figure was written (``False`` when the result has no usable rows)."""
+    figure = scaling_figure(result)
+    if figure is None:
+        return False
+    import matplotlib.pyplot as plt
+
+    try:
+        save_png(figure, target, bbox_inches="tight")
+    finally:
+        plt.close(figure)
     return True
 
 

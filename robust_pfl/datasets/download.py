@@ -158,7 +158,24 @@ def download_mnist(
         )
     fetch = fetch or _urllib_fetch
     dest = Path(dest)
+    created = not dest.exists()
     dest.mkdir(parents=True, exist_ok=True)
+    try:
+        _fetch_all(dest, mirrors, fetch, checksums)
+    except DatasetError as error:
+        if created and not any(dest.iterdir()):
+            dest.rmdir()  # a failed first download leaves nothing behind
+        by_hand = ", ".join(checksums)
+        raise DatasetError(
+            f"{error}. To place the files by hand, put {by_hand} in one directory and name it with "
+            f"data_dir = \"DIR\" in the config's [task] table (or --data-dir DIR)"
+        ) from None
+    return dest
+
+
+def _fetch_all(dest: Path, mirrors: Sequence[str], fetch: Fetch, checksums: Mapping[str, Checksum]) -> None:
+    """Every file of ``checksums`` into ``dest`` from the first mirror that serves it
+    verified; files already there that verify are kept."""
     for name, checksum in checksums.items():
         path = dest / name
         if path.is_file() and checksum_problem(path.read_bytes(), checksum, path) is None:
@@ -179,4 +196,3 @@ def download_mnist(
         else:
             reasons = "; ".join(failures or ["no mirrors given"])
             raise DatasetError(f"could not download {name}: {reasons}")
-    return dest

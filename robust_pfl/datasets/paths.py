@@ -19,9 +19,9 @@ DATA_ENV_VAR = "ROBUST_PFL_DATA"
 def how_to_provide(dataset: str) -> str:
     """The sentence every "files not found" error ends with."""
     return (
-        f"Pass the directory with --data-dir DIR (data_dir=... in Python), or set "
-        f"{DATA_ENV_VAR} to a directory holding a '{dataset}' subdirectory (or the files "
-        f"themselves)."
+        f"Name the directory with data_dir = \"DIR\" in the config's [task] table (or "
+        f"`reproduce table1|fig6 --data-dir DIR`), or set {DATA_ENV_VAR} to a directory "
+        f"holding a '{dataset}' subdirectory (or the files themselves)."
     )
 
 

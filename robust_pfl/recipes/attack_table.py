@@ -34,6 +34,7 @@ import pandas as pd
 from robust_pfl.backends import Backend
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, expand_grid, on_device, read_grid_file
+from robust_pfl.recipes import quick_sentence
 from robust_pfl.results import history_text, write_outputs
 
 #: The grid files, found in the source checkout (``pip install -e .``).
@@ -149,6 +150,10 @@ def describe(name: str, grid: Grid, mode: Mode, measure: str) -> str:
     return f"**{name}** ({Path(grid.source).name}): {mode.rounds} rounds, mean of {mode.seeds} seed(s). {what}"
 
 
+#: What every quick table run says instead of a verdict (the rule of robust_pfl.recipes).
+QUICK_TABLE_SENTENCE = quick_sentence("decide which defenses break")
+
+
 def quick_note(mode: Mode, full: Mode, slow: list[str]) -> str:
     """What a quick table is: a smoke run whose ✗ can mean "still converging" (``slow``:
     the defenses marked ✗ without any attack)."""
@@ -167,11 +172,12 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str =
     names = list(TABLES) if tables == "all" else [tables]
     start = time.perf_counter()
     sections, histories, summary_tables = [], [], {}
+    errored: dict[str, str] = {}
     for name in names:
         grid, full = load(name, quick, seeds, device)
         measure = TABLES[name].measure
         mode = Mode(grid.cells[0].config["rounds"], len(labels(grid, "seed")))
-        run_grid(grid, out / name, backend)
+        errored.update(run_grid(grid, out / name, backend)["errored"])
         rows = grid_results(out / name, grid)
         values = relative_errors(rows) if measure == "relative_error" else accuracies(rows)
         broken = breaks(values, measure)
@@ -191,8 +197,13 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str =
             "store": str(out / name / "results.csv"),
         }
     seconds = time.perf_counter() - start
-    summary = {"mode": "quick" if quick else "full", "tables": summary_tables, "seconds": seconds}
+    summary = {"mode": "quick" if quick else "full", "tables": summary_tables, "seconds": seconds, "errored": errored}
     document = "\n\n".join(sections) + f"\n\n{seconds:.0f} s in this call.\n"
+    if errored:
+        cells = "; ".join(f"{k}: {v}" for k, v in errored.items())
+        document += f"\nErrored cells (rerun to retry them): {cells}\n"
+    if quick:
+        document += f"\n{QUICK_TABLE_SENTENCE}.\n"
     history_rows = pd.concat(histories).to_dict("records")
     write_outputs(out, summary, {"attack_table.md": document, "history.csv": history_text(history_rows)})
     print(document)

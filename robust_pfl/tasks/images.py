@@ -106,6 +106,11 @@ class _TooManyClients(ValueError):
     """The default sizes leave a client without a train or test sample."""
 
 
+class TooManyByzantine(ValueError):
+    """The Byzantine clients alone leave a client without a train or test sample: no
+    ``clients_per_cluster`` fits, and the config's ``byzantine`` table is to blame."""
+
+
 @dataclass(frozen=True)
 class _Layout:
     """Which source samples each client holds, and how train is dealt again.
@@ -274,8 +279,14 @@ class ImageTask:
                     fits = middle
                 except ValueError:
                     fails = middle
-            limit = f"at most clients_per_cluster = {fits}" if fits else "no clients_per_cluster at all"
             held = f"{data.num_train} train and {data.num_test} test images"
+            byzantine = int((placement or ByzantinePlacement()).counts(self.clusters, 1).sum())
+            if not fits and byzantine:
+                raise TooManyByzantine(
+                    f"{byzantine} Byzantine clients leave no room: with them {data.name} ({held}) fits no "
+                    f"clients_per_cluster at all ({error}); lower byzantine.total / byzantine.per_cluster"
+                ) from None
+            limit = f"at most clients_per_cluster = {fits}" if fits else "no clients_per_cluster at all"
             raise ValueError(f"{error}; {data.name} ({held}) fits {limit}") from None
 
     def _fitted_sizes(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, ClassVar, Iterator
 
 import numpy as np
 import torch
@@ -52,6 +52,7 @@ class PerProblemRadius:
 
     taus: Tensor
     strict: bool = False
+    undecided: ClassVar[None] = None  # reads every point (RadiusPolicy's declared default)
 
     def __call__(self, distances: Tensor, round_index: int) -> Tensor:
         return self.taus.to(distances).unsqueeze(-1).expand(distances.shape[:-1])
