@@ -27,7 +27,7 @@ from pydantic.fields import FieldInfo
 
 from robust_pfl.devices import DEVICE_PATTERN
 from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.registry import did_you_mean
+from robust_pfl.registry import did_you_mean, display_key
 from robust_pfl.validation import problem
 
 
@@ -265,10 +265,15 @@ class ExperimentConfig(_Strict):
 
 
 def field_path(loc: Sequence[str | int]) -> str:
-    """``methods[0].radius`` for pydantic's location ``("methods", 0, "radius")``."""
+    """``methods[0].radius`` for pydantic's location ``("methods", 0, "radius")``; keys
+    that are not plain words quoted (:func:`robust_pfl.registry.display_key`)."""
     path = ""
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        if isinstance(part, int):
+            path += f"[{part}]"
+            continue
+        key = display_key(part)
+        path += f".{key}" if path else key
     return path
 
 

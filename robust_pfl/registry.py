@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import re
 import inspect
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
@@ -46,6 +48,13 @@ def vars_of(cls: type) -> dict[str, Any]:
     for klass in reversed(cls.__mro__):
         seen.update(vars(klass))
     return seen
+
+
+def display_key(key: object) -> str:
+    """``key`` as an error shows it: a plain word as is, anything else (``"\\x1e"``,
+    ``"a b"``, ``""``) quoted as TOML writes it, so that every error stays one line."""
+    text = str(key)
+    return text if re.fullmatch(r"[A-Za-z0-9_.\[\]-]+", text) else json.dumps(text)  # dots, brackets: a path (methods[0])
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
@@ -93,7 +102,7 @@ def options_problem(where: str, owner: str, options: Iterable[str], parameters: 
         f"{key} (required)" if value is REQUIRED else f"{key} (default {value!r})" for key, value in parameters.items()
     )
     if unknown:
-        problem = f"{where}.{unknown[0]} is not an option{did_you_mean(unknown[0], parameters)}"
+        problem = f"{where}.{display_key(unknown[0])} is not an option{did_you_mean(unknown[0], parameters)}"
     else:
         problem = f"{where}: the required field {missing[0]!r} is missing"
     return f"{problem}; {owner} accepts the fields: {listed or 'none'}"

@@ -498,3 +498,13 @@ def test_field_names_in_errors_are_as_the_user_wrote_them():
         validate(parse_config({"methods": [{"name": "global", "aggregator": 5}]}))
     lines = str(caught.value).splitlines()[1:]
     assert lines == ["  methods[0].aggregator: must be a string or a table, got 5"]
+
+
+def test_a_key_with_control_characters_is_quoted_and_the_error_stays_one_line_per_field():
+    from robust_pfl.config import parse_config
+
+    for data in ({"methods": [{"name": "cfl", "\x1e": []}]}, {"attack": {"name": "alie", "a b": 1}, "methods": [{"name": "fc"}]}):
+        with pytest.raises(ConfigError) as caught:
+            validate(parse_config(data))
+        lines = str(caught.value).splitlines()
+        assert len(lines) == 2 and ('"\\u001e"' in lines[1] or '"a b"' in lines[1]), lines
