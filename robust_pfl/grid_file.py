@@ -157,7 +157,7 @@ def expand_grid(data: dict[str, Any], source: str) -> Grid:
     base = with_resolved_paths(copy.deepcopy(data))
     load_plugins(base.get("plugins"), source)  # before any name is checked against a registry
     sweeps = base.pop(GRID, {})
-    problems: list[tuple[str, str]] = []
+    problems = _Problems()
     resources = _resources(base.pop(RESOURCES, {}), problems)
     if not isinstance(sweeps, dict):
         problems.append((GRID, f"must be a table of lists, got {type(sweeps).__name__}"))
@@ -266,14 +266,15 @@ def _is_axis(field: str, values: Any, problems: list[tuple[str, str]]) -> bool:
 def _axis(column: str, field: str, target: tuple[str | int, ...], elements: list[Any], keep_label: bool,
           problems: list[tuple[str, str]]) -> _Axis:
     values, labels = [], []
+    first_index: dict[Any, int] = {}  # hashable labels; others are looked up in the list
     for index, element in enumerate(elements):
         label = _label(element)
         if isinstance(element, dict) and "label" in element and not isinstance(element["label"], str):
             problems.append((f"{field}[{index}].label", f"must be a string, got {element['label']!r}"))
         if isinstance(element, dict) and not keep_label:
             element = {key: value for key, value in element.items() if key != "label"}
-        if label in labels:
-            first = labels.index(label)
+        first = _first(label, labels, first_index)
+        if first is not None:
             if element == values[first]:
                 problems.append((f"{field}[{index}]", f"the same value as {field}[{first}]; values must differ"))
             else:
@@ -281,9 +282,26 @@ def _axis(column: str, field: str, target: tuple[str | int, ...], elements: list
                     f"{field}[{index}]",
                     f"shows as {label!r} in results, as {field}[{first}] does; give each a distinct label",
                 ))
+        else:
+            _remember(label, index, first_index)
         values.append(element)
         labels.append(label)
     return _Axis(column, field, target, values, labels)
+
+
+def _first(label: Any, labels: list[Any], first_index: dict[Any, int]) -> int | None:
+    """The index of the first element shown as ``label`` so far, or None."""
+    try:
+        return first_index.get(label)
+    except TypeError:  # an unhashable label (a table without name or label)
+        return next((index for index, seen in enumerate(labels) if seen == label), None)
+
+
+def _remember(label: Any, index: int, first_index: dict[Any, int]) -> None:
+    try:
+        first_index[label] = index
+    except TypeError:
+        pass  # found by _first's scan of the list
 
 
 def _label(value: Any) -> Any:
@@ -352,9 +370,19 @@ class _NotATable(ValueError):
     pass
 
 
-def _add(problems: list[tuple[str, str]], problem: tuple[str, str]) -> None:
+class _Problems(list):
+    """``(field, message)`` problems in the order found, with a set beside them so that
+    recording one only once stays constant-time on axes of thousands of elements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recorded: set[tuple[str, str]] = set()
+
+
+def _add(problems: _Problems, problem: tuple[str, str]) -> None:
     """Record ``problem`` once (many cells share an element, and its problem)."""
-    if problem not in problems:
+    if problem not in problems.recorded:
+        problems.recorded.add(problem)
         problems.append(problem)
 
 
