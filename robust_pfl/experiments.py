@@ -466,12 +466,15 @@ class _Bar:
     def __init__(self, bar: Any) -> None:
         self.bar = bar
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.bar, name)
-
     def update(self, n: int = 1) -> None:
         self.bar.update(n)
         thread_policy.check()
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.bar.set_postfix_str(text, refresh=refresh)
+
+    def close(self) -> None:
+        self.bar.close()
 
     def item_done(self, text: str, advance: int = 0) -> None:
         self.update(advance)
@@ -480,7 +483,7 @@ class _Bar:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.bar.close()
+        self.close()
 
 
 class ProgressLines:
