@@ -17,6 +17,7 @@ the field's name), then stepped round by round::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -95,6 +96,20 @@ class Algorithm(ABC):
         config load, before any federation exists."""
         return None
 
+    @classmethod
+    def round_work(cls, params: AlgorithmParams, clients: int, task_clusters: int) -> RoundWork:
+        """What one round costs with ``params`` among ``clients`` clients on a task of
+        ``task_clusters`` clusters: by default one gradient per client and a few
+        passes over every client's vector (an aggregation).  Read at config load for
+        the run's cost estimate (:mod:`robust_pfl.costs`)."""
+        return RoundWork(gradients_per_client=1.0, vector_passes=4.0 * clients)
+
+    @classmethod
+    def client_count_problems(cls, params: AlgorithmParams, clients: int) -> list[tuple[str, str]]:
+        """``(field, message)`` for each option of ``params`` that ``clients`` clients
+        cannot serve (FC's ``groups`` past N); none by default.  Read at config load."""
+        return []
+
     @abstractmethod
     def step(self, round_index: int) -> RoundRecord:
         """Run round ``round_index`` (0-based) of the algorithm on the federation.
@@ -124,6 +139,20 @@ class Algorithm(ABC):
         snapshots; without snapshots ``None`` (an ``[N, d]`` gather that nothing in a
         run reads: the record's ``cluster_updates`` give them, see :class:`RoundRecord`)."""
         return cluster_rows[assignment] if self.snapshot_records else None
+
+
+@dataclass(frozen=True)
+class RoundWork:
+    """One round of an algorithm, counted in model-sized vectors: the gradients each
+    client evaluates (FC: one at every model of its group) and the passes over a
+    ``d``-vector that aggregation makes, all clients together (Threshold-Clustering:
+    rounds x centres x points)."""
+
+    gradients_per_client: float
+    vector_passes: float
+    #: Steps run one after another within a round, each a few kernel launches whatever
+    #: the sizes (Threshold-Clustering's rounds).
+    serial_steps: float = 0.0
 
 
 REGISTRY: dict[str, type[Algorithm]] = {}

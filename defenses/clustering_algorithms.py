@@ -11,7 +11,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, register
+from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_points, euclidean_distances
@@ -126,6 +126,20 @@ class FederatedClustering(Algorithm):
     summary = "Federated-Clustering: cluster everyone's gradients at my model (Alg. 2)"
     reference = "Werner et al. 2023, Alg. 2"
     Params = FederatedClusteringParams
+
+    @classmethod
+    def round_work(cls, params: FederatedClusteringParams, clients: int, task_clusters: int) -> RoundWork:
+        """Each client evaluates its gradient at every model of its group (about
+        ``N / groups``) and clusters the group's gradients for ``clustering_rounds``."""
+        group = math.ceil(clients / params.groups)
+        return RoundWork(float(group), float(clients) * group * (params.clustering_rounds + 2),
+                         float(params.clustering_rounds))
+
+    @classmethod
+    def client_count_problems(cls, params: FederatedClusteringParams, clients: int) -> list[tuple[str, str]]:
+        if params.groups > clients:
+            return [("groups", f"must be at most the number of clients (a group needs one), got {params.groups}")]
+        return []
 
     def __init__(self, federation: Federation, params: FederatedClusteringParams) -> None:
         super().__init__(federation, params)
@@ -287,6 +301,14 @@ class _ServerClustering(Algorithm):
 
     forms_clusters = True
     message_kind = "gradient"
+
+    @classmethod
+    def round_work(cls, params: CentreClusteringParams, clients: int, task_clusters: int) -> RoundWork:
+        """One gradient per client; ``clustering_rounds`` passes of K centres over the N
+        received vectors, and the nearest-centre assignment."""
+        centres = params.clusters or task_clusters
+        return RoundWork(1.0, float(clients) * centres * (params.clustering_rounds + 1) + 4.0 * clients,
+                         float(params.clustering_rounds))
 
     def __init__(self, federation: Federation, params: CentreClusteringParams) -> None:
         super().__init__(federation, params)

@@ -27,7 +27,7 @@ from pydantic import Field
 from torch import Tensor
 
 from defenses.ball_membership import inside_ball
-from defenses.base import Algorithm, register
+from defenses.base import Algorithm, RoundWork, register
 from defenses.clustering_algorithms import (
     ClusteringParams,
     MomentumClustering,
@@ -227,6 +227,12 @@ class PersonalizedDecentralizedTC(Algorithm):
     reference = "Werner et al., threshold-clustering workshop paper, Alg. 3"
     Params = PDLTCParams
     sends_momenta = True
+
+    @classmethod
+    def round_work(cls, params: PDLTCParams, clients: int, task_clusters: int) -> RoundWork:
+        """One momentum per client; every client clusters up to N received momenta
+        for ``clustering_rounds``."""
+        return RoundWork(1.0, float(clients) * clients * (params.clustering_rounds + 2), float(params.clustering_rounds))
 
     def __init__(self, federation: Federation, params: PDLTCParams) -> None:
         super().__init__(federation, params)

@@ -7,10 +7,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from robust_pfl.config import ConfigError, load_config
+from robust_pfl.costs import CostWarning
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -436,6 +440,8 @@ def _process_settings(threads: int | str, quiet: bool):
     from robust_pfl import threads as policy
 
     before, silenced = torch.get_num_threads(), os.environ.get("ROBUST_PFL_QUIET")
+    formatter = warnings.formatwarning
+    warnings.formatwarning = partial(_format_warning, formatter)
     torch.set_num_threads(1 if threads == DEFAULT_THREADS else threads)
     previous = policy.use(policy.AutoThreads() if threads == DEFAULT_THREADS else None)
     if quiet:
@@ -443,12 +449,22 @@ def _process_settings(threads: int | str, quiet: bool):
     try:
         yield
     finally:
+        warnings.formatwarning = formatter
         policy.use(previous)
         torch.set_num_threads(before)
         if quiet and silenced is None:
             os.environ.pop("ROBUST_PFL_QUIET", None)
         elif quiet:
             os.environ["ROBUST_PFL_QUIET"] = silenced
+
+
+def _format_warning(default: Callable[..., str], message: Warning | str, category: type[Warning],
+                    *args: object, **kwargs: object) -> str:
+    """A config's cost warning as the one line a user reads, without the source line
+    Python adds; every other warning as Python formats it."""
+    if issubclass(category, CostWarning):
+        return f"warning: {message}\n"
+    return default(message, category, *args, **kwargs)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 from pydantic import ValidationError
 
 import attacks
 import defenses
+from robust_pfl import costs
 from robust_pfl.checkpoint import (
     checkpoint_name,
     fingerprint,
@@ -42,6 +43,7 @@ from robust_pfl.config import (
 from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
 from robust_pfl.metrics import adjusted_rand_index
+from robust_pfl.networks import make_network
 from robust_pfl.provenance import provenance
 from robust_pfl.registry import did_you_mean
 from robust_pfl.results import ResultTable, write_results
@@ -111,7 +113,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
                     attack.check_reported_models(models)
             except ValueError as error:
                 raise fail("attack", f"{error} (methods[{index}] = {method.name!r})") from None
-    _check_client_count(config, fail)
+    _check_client_count(config, chosen, fail)
     _check_size(config, fail)
     if config.theory is not None and "momentum" in config.theory.estimate:
         silent = [f"methods[{i}] = {m.name!r}" for i, m in enumerate(config.methods)
@@ -123,23 +125,37 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     labels = [m.display for m in config.methods]
     if len(set(labels)) != len(labels):
         raise fail("methods", f"labels must be unique, got {labels} (set 'label')")
-    if isinstance(config.task, ImageTaskConfig):
-        try:  # missing or corrupt data fails here, before any work
-            data = _dataset(config.task.dataset, config.task.data_dir)
-        except DatasetError as error:
-            raise fail("task.data_dir", str(error)) from None
-        try:  # so do sizes the data cannot give
-            for seed in config.seeds:
-                config.task.builder().check(seed, config.byzantine.placement(), data)
-        except TooManyByzantine as error:
-            raise fail("byzantine", str(error)) from None
-        except ValueError as error:
-            raise fail("", f"task.{error}") from None
+    model_dim, samples = _model_size(config, fail)
     try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
         device = str(resolve_device(config.device))
     except ValueError as error:
         raise fail("device", str(error)) from None
-    return config if device == config.device else config.model_copy(update={"device": device})
+    config = config if device == config.device else config.model_copy(update={"device": device})
+    costs.warn_if_long(config, [chosen[i] for i in range(len(config.methods))], client_count(config),
+                       model_dim, samples, source)
+    return config
+
+
+def _model_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> tuple[int, int]:
+    """``(d, training samples per client)`` of the config's task.  An image task's data
+    are loaded here, so missing or corrupt data and sizes the data cannot give fail
+    now, before any work."""
+    task = config.task
+    if not isinstance(task, ImageTaskConfig):
+        return task.dim, task.samples_per_client
+    try:
+        data = _dataset(task.dataset, task.data_dir)
+    except DatasetError as error:
+        raise fail("task.data_dir", str(error)) from None
+    try:
+        for seed in config.seeds:
+            task.builder().check(seed, config.byzantine.placement(), data)
+    except TooManyByzantine as error:
+        raise fail("byzantine", str(error)) from None
+    except ValueError as error:
+        raise fail("", f"task.{error}") from None
+    model_dim = make_network(task.model, data.image_shape, data.num_classes).dim
+    return model_dim, task.train_per_client or max(1, data.train_images.shape[0] // client_count(config))
 
 
 def client_count(config: ExperimentConfig) -> int:
@@ -175,11 +191,14 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _check_client_count(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:
+def _check_client_count(config: ExperimentConfig, chosen: Mapping[int, defenses.AlgorithmParams],
+                        fail: Callable[[str, str], ConfigError]) -> None:
     """Methods whose options depend on N (e.g. ``krum`` needs n > 2f + 2) are checked
     against the config's client count now, not when the run reaches them."""
     n = client_count(config)
     for index, method in enumerate(config.methods):
+        for field, message in defenses.REGISTRY[method.name].client_count_problems(chosen[index], n):
+            raise fail(f"methods[{index}].{field}", f"{message} (the config has N = {n} clients)")
         spec = method.options().get("aggregator")
         if method.name != "global" or spec is None:
             continue
