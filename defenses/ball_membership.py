@@ -6,10 +6,14 @@ evaluation in :mod:`defenses.threshold_clustering` and
 from __future__ import annotations
 
 import math
-import warnings
+from typing import Callable
 
 import torch
 from torch import Tensor
+
+from defenses.primitives import euclidean_distances
+from defenses.radius import RadiusPolicy
+from defenses.row_reads import scratch
 
 # Widening of the distance intervals for rounding, in units of the dtype's epsilon
 # times ``sqrt(d) (||z_j||^2 + ||v||^2)``: the rounding error of a length-d inner
@@ -17,18 +21,125 @@ from torch import Tensor
 # computed distance would decide it.
 ROUNDING_SLACK = 4.0
 
-# A squared distance whose rounding slack (see ``ROUNDING_SLACK``) exceeds this share
-# of it is resolved far worse by inner products than by coordinates (whose relative
-# rounding is about the slack's share of ``d^2`` without the norms).
-RESOLVABLE = 1e-2
+# The tie rule's tolerance, in units of the dtype's epsilon times ``||z_j||`` plus the
+# centre's spread (see ``next_spread``): well above the distance error of a centre moved
+# by rounded sums for tens of rounds (a few units each), and below any separation the
+# data resolve.
+TIE_ULPS = 64.0
 
 
-def inside_ball(distances: Tensor, tau: Tensor, strict: bool) -> Tensor:
-    """``[..., K, N]``: the points within radius ``tau[..., K]`` (``<`` when
-    ``strict``); a point at infinite distance (inadmissible) never is."""
+def tie_tolerance(lengths: Tensor, spread: Tensor) -> Tensor:
+    """``[..., K, N]``: how close to the radius a distance is a tie, ``TIE_ULPS * eps *
+    (||z_j|| + s_k)`` for points of norms ``lengths[..., N]`` (0 for inadmissible
+    ones) and centres of spread ``spread[..., K]`` (:func:`next_spread`, at least
+    ``||v_k||``).
+
+    The tie rule of every evaluation: a point whose distance is within this tolerance
+    of the radius is inside the ball (outside when the inclusion is ``strict``).
+    Distances computed by different arithmetic (coordinates, inner products, other
+    centres' rounding) differ by far less than it, so a point at a radius in exact
+    arithmetic (a copy, a mirror image, a point equidistant with the one the quantile
+    reads) gets one membership whichever evaluation computed it."""
+    eps = torch.finfo(lengths.dtype).eps
+    return TIE_ULPS * eps * (lengths.unsqueeze(-2) + spread.unsqueeze(-1))
+
+
+def next_spread(spread: Tensor, inside: Tensor, lengths: Tensor, n: float | Tensor) -> Tensor:
+    """Eq. 24 applied to norms, ``s_l = a_l s_{l-1} + (1/N) sum_{j in ball} ||z_j||``
+    (``s_0 = ||v_0||``), ``[..., K]``, for the balls ``inside[..., K, N]``, the points'
+    norms ``lengths[..., N]`` and ``n`` (N, or a tensor broadcasting to ``[..., K]``):
+    a bound on ``||v_l||`` and the magnitude of what the centre's sums rounded, which
+    :func:`tie_tolerance` scales with."""
+    weights = inside.to(lengths.dtype)
+    keep = 1 - weights.sum(-1) / n
+    return keep * spread + torch.bmm(weights, lengths.unsqueeze(-1)).squeeze(-1) / n
+
+
+def inside_ball(distances: Tensor, tau: Tensor, strict: bool, tolerance: Tensor) -> Tensor:
+    """``[..., K, N]``: the points within radius ``tau[..., K]`` by the tie rule
+    (:func:`tie_tolerance`): ``d <= tau + tolerance``, or ``d < tau - tolerance`` when
+    ``strict``; a point at infinite distance (inadmissible) never is."""
     tau = tau.unsqueeze(-1)
-    within = distances < tau if strict else distances <= tau
+    within = distances < tau - tolerance if strict else distances <= tau + tolerance
     return within & torch.isfinite(distances)
+
+
+def open_memberships(lower: Tensor, upper: Tensor, tau_low: Tensor, tau_high: Tensor, tolerance: Tensor,
+                     strict: bool) -> Tensor:
+    """``[..., K, N]``: the points whose membership by the tie rule the intervals
+    ``lower <= d <= upper`` and ``tau_low <= tau <= tau_high`` leave open (some
+    values inside, others outside)."""
+    if strict:
+        certain = (upper < tau_low.unsqueeze(-1) - tolerance) | (lower >= tau_high.unsqueeze(-1) - tolerance)
+    else:
+        certain = (upper <= tau_low.unsqueeze(-1) + tolerance) | (lower > tau_high.unsqueeze(-1) + tolerance)
+    return ~certain & torch.isfinite(lower)
+
+
+def read_ties(
+    z: Tensor,
+    centres_of: Callable[[Tensor], Tensor],
+    admissible: Tensor,
+    distances: Tensor,
+    lower: Tensor,
+    upper: Tensor,
+    tolerance: Tensor,
+    policy: RadiusPolicy,
+    round_index: int,
+) -> Tensor:
+    """``distances[B, K, N]`` with the distance from coordinates (as the direct
+    evaluation computes it; to the centres ``centres_of(problems[P]) -> [P, K, d]``)
+    of every point whose membership by the tie rule the rounding
+    intervals ``lower <= d <= upper`` of an inner-product evaluation leave open, and,
+    in the balls that have one, of the points the radius may be read from (the
+    policy's ``undecided``; every point for a policy without one).  The rest keep
+    their values: their intervals lie
+    wholly on one side of the radius's range widened by the tie tolerance, so any
+    value in them decides alike.  Inner products round by ``eps sqrt(d)`` times the
+    squared norms, far more than the tie tolerance; coordinates round by less than it."""
+    if policy.undecided is None:
+        rows = admissible
+    else:
+        tau_low, tau_high = policy(lower, round_index), policy(upper, round_index)
+        wanted = open_memberships(lower, upper, tau_low, tau_high, tolerance, policy.strict)
+        if not bool(wanted.any()):
+            return distances  # every membership is decided, whatever the radius's exact value
+        wanted |= policy.undecided(lower, upper) & wanted.any(-1, keepdim=True)
+        rows = wanted.any(1) & admissible
+    exact = _coordinate_distances(z, centres_of, rows)
+    return torch.where(rows.unsqueeze(1), mask_distances(exact, ~admissible.unsqueeze(1)), distances)
+
+
+# Bytes of centre copies per block of rows in ``_coordinate_distances``.
+_COORDINATE_BLOCK_BYTES = 64 << 20
+
+
+def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], rows: Tensor) -> Tensor:
+    """``[B, K, N]``: the distances of the rows ``rows[B, N]`` of ``z[B, N, d]`` to the
+    centres of their problems by :func:`euclidean_distances` (other entries ``inf``).
+    Only the problems with a chosen row have their centres formed; the chosen rows
+    are read in blocks (a loop over row blocks, not clients)."""
+    problems = rows.any(-1).nonzero().squeeze(-1)
+    centres = centres_of(problems)  # [P, K, d]
+    if bool(rows.all()):
+        return euclidean_distances(centres, z)
+    k, dim = centres.shape[1:]
+    out = z.new_full((z.shape[0], k, z.shape[1]), math.inf)
+    position = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
+    position[problems] = torch.arange(problems.numel(), device=z.device)
+    problem, row = rows.nonzero().unbind(-1)
+    flat_rows, flat_centres = z.reshape(-1, dim), centres.reshape(-1, k * dim)
+    block = min(problem.numel(), max(1, _COORDINATE_BLOCK_BYTES // max(1, k * dim * z.element_size())))
+    # gathered into reused buffers: fresh multi-MB tensors would page-fault on every call
+    row_buffer = scratch("tie-rows", (block, dim), z)
+    centre_buffer = scratch("tie-centres", (block, k * dim), z)
+    for start in range(0, problem.numel(), block):
+        p, r = problem[start : start + block], row[start : start + block]
+        picked = torch.index_select(flat_rows, 0, p * z.shape[1] + r, out=row_buffer[: p.numel()])
+        around = torch.index_select(flat_centres, 0, position[p], out=centre_buffer[: p.numel()])
+        distances = euclidean_distances(around.view(-1, k, dim), picked.unsqueeze(1))
+        out[p, :, r] = distances.squeeze(-1)
+    return out
 
 
 # Columns compared when looking for identical rows: runs of one 64-byte cache line
@@ -169,30 +280,3 @@ def mask_distances(distances: Tensor, excluded: Tensor) -> Tensor:
     """``inf`` for NaN distances and for the points in ``excluded`` (``[..., 1, N]``,
     the inadmissible ones: ``~admissible.unsqueeze(-2)``)."""
     return distances.masked_fill(excluded | torch.isnan(distances), math.inf)
-
-
-def decided_by_rounding(distances: Tensor, tau: Tensor, slack: Tensor) -> bool:
-    """Whether, in some round, some ball had two or more points within their rounding
-    slack of its radius, each with a slack above ``RESOLVABLE`` of its squared
-    distance: their order, hence their memberships, was then rounding, where the
-    direct evaluation would resolve it.  (One such point alone is usually the point the
-    quantile radius is read from, e.g. a single point sitting on its centre.)  All
-    rounds at once: ``distances[R, B, K, N]``, ``tau[R, B, K]`` and the rounding slack
-    of every squared distance, ``slack[R, B, K, N]``."""
-    squared = distances.square()
-    near = (squared - tau.unsqueeze(-1).square()).abs() <= slack
-    unresolved = near & (slack > RESOLVABLE * squared) & torch.isfinite(squared)
-    return bool((unresolved.sum(-1) >= 2).any())
-
-
-def warn_decided_by_rounding(method: str) -> None:
-    """The warning of an inner-product evaluation whose :func:`decided_by_rounding`
-    held; it points at the caller of ``threshold_clustering``."""
-    warnings.warn(
-        f"Threshold-Clustering (method={method!r}): a point at a ball's boundary is closer "
-        "to the centre than float32 inner products of vectors this large resolve (e.g. "
-        "1e6-sized attack rows near each other), so its membership is decided by "
-        "rounding; method='direct' or float64 evaluates it exactly",
-        RuntimeWarning,
-        stacklevel=4,
-    )

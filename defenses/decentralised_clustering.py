@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.ball_membership import inside_ball
+from defenses.ball_membership import inside_ball, next_spread, tie_tolerance
 from defenses.base import Algorithm, RoundWork, register
 from defenses.clustering_algorithms import (
     ClusteringParams,
@@ -35,7 +35,7 @@ from defenses.clustering_algorithms import (
 )
 from defenses.graph_rounds import received_from_neighbours
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_points, euclidean_distances
+from defenses.primitives import admissible_points, euclidean_distances, squared_norms
 from defenses.radius import (
     OFFICIAL_QUANTILE_FACTOR,
     FixedRadius,
@@ -144,13 +144,16 @@ def neighbourhood_clustering(
     v = torch.where(live.unsqueeze(-1), v0, 0.0)
     excluded = ~admissible.unsqueeze(1)  # [R, 1, P]
     n = present.sum(-1).to(points.dtype).view(-1, 1, 1)  # deg + 1 (eq. 24's N)
+    lengths = torch.where(admissible, squared_norms(clean).sqrt(), 0.0)
+    spread = torch.linalg.vector_norm(v, dim=-1)  # [R, 1]
     inside = torch.zeros(points.shape[0], 1, points.shape[1], dtype=torch.bool, device=points.device)
     tau = points.new_zeros(points.shape[0], 1)
     for round_index in range(rounds):
         distances = euclidean_distances(v, clean)
         distances = distances.masked_fill(excluded | torch.isnan(distances), torch.inf)
         tau = neighbourhood_radius(policy, distances, present, round_index)
-        inside = inside_ball(distances, tau, policy.strict)
+        inside = inside_ball(distances, tau, policy.strict, tie_tolerance(lengths, spread))
+        spread = next_spread(spread, inside, lengths, n.view(-1, 1))
         weights = inside.to(points.dtype)
         keep = 1 - weights.sum(-1, keepdim=True) / n
         v = keep * v + torch.bmm(weights, clean) / n

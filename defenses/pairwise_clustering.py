@@ -21,8 +21,10 @@ of points its ``N^2 d`` product costs more than ``"gram"``'s few passes over the
 Rounding: ``(W G)_kj`` sums ``N`` products of length ``d``, each off by about
 ``eps sqrt(d) ||z_i|| ||z_j||``.  With the *spread* ``s_k = c_k ||v0_k|| + sum_i W_ki
 ||z_i||`` (at least ``||v_k||``), every squared distance is off by at most about
-``eps (ROUNDING_SLACK sqrt(d) + N) (||z_j|| + s_k)^2``: its rounding slack, used, as in
-the ``"gram"`` method, to say when a membership was decided by rounding.
+``eps (ROUNDING_SLACK sqrt(d) + N) (||z_j|| + s_k)^2``: its rounding slack.  A point
+whose interval leaves its membership open under the tie rule is read from
+coordinates, after its problem's centres are formed from the weights
+(:func:`defenses.ball_membership.read_ties`), as in the ``"gram"`` method.
 
 Far rows: every centre is a convex combination of its start and points in its
 balls, so its norm stays within ``S = max(||v0_k||, max ||z_i||)`` over the other
@@ -44,6 +46,7 @@ cheaper than a product of its own (benchmarks/README.md, "Kernel choices").
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -51,11 +54,11 @@ from torch import Tensor
 
 from defenses.ball_membership import (
     ROUNDING_SLACK,
-    decided_by_rounding,
     inside_ball,
     mask_distances,
+    read_ties,
     row_copies,
-    warn_decided_by_rounding,
+    tie_tolerance,
 )
 from defenses.radius import RadiusPolicy
 from defenses.row_reads import rowdot, weighted_rows
@@ -294,6 +297,12 @@ class _Combination:
             return distances, slack
         return self.copies.spread(distances), self.copies.spread(slack)
 
+    def spread(self) -> Tensor:
+        """The centres' spread ``c_k ||v0_k|| + sum_j W_kj ||z_j||``, ``[B, K]`` (see
+        :func:`defenses.ball_membership.next_spread`)."""
+        return self.scale * self.start_norms.clamp_min(0).sqrt() + torch.bmm(
+            self.weights, self.lengths.unsqueeze(-1)).squeeze(-1)
+
     def _squared(self) -> tuple[Tensor, Tensor]:
         """``(squared distances, slack)`` to the current centres, each ``[B, K, N]``."""
         c = self.scale.unsqueeze(-1)
@@ -305,7 +314,7 @@ class _Combination:
             + (through_points * self.weights).sum(-1)
         )
         squared = self.norms.unsqueeze(1) - 2 * dots + centre_norms.unsqueeze(-1)
-        spread = self.scale * self.start_norms.sqrt() + torch.bmm(self.weights, self.lengths.unsqueeze(-1)).squeeze(-1)
+        spread = self.spread()
         slack = self._slack_scale * (self.lengths.unsqueeze(1) + spread.unsqueeze(-1)).square()
         return squared, slack if self.dropped is None else slack + self.dropped
 
@@ -319,6 +328,11 @@ class _Combination:
     def centres(self, z: Tensor, v0: Tensor) -> Tensor:
         """The coordinates, from ``v0`` and the rows with a non-zero weight."""
         return weighted_rows(self.weights, z).addcmul_(self.scale.unsqueeze(-1), v0)
+
+    def centres_of(self, z: Tensor, v0: Tensor, problems: Tensor) -> Tensor:
+        """:meth:`centres` of the problems ``problems[P]`` only, ``[P, K, d]``."""
+        sums = weighted_rows(self.weights[problems], z, problems)
+        return sums.addcmul_(self.scale[problems].unsqueeze(-1), v0[problems])
 
 
 def run_pairwise(
@@ -349,20 +363,21 @@ def run_pairwise(
     combination = _Combination(z, admissible, gram, starts, products.start_norms, products.dropped)
     inside = torch.zeros(starts.shape, dtype=torch.bool, device=z.device)
     tau = z.new_zeros(starts.shape[:-1])
-    seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, slack
     for round_index in range(rounds):
         while True:
             distances, slack = combination.distances()
+            tolerance = tie_tolerance(combination.lengths, combination.spread())
+            squared = distances.square()
+            lower = mask_distances((squared - slack).clamp_min(0).sqrt(), ~torch.isfinite(distances))
+            distances = read_ties(z, partial(combination.centres_of, z, v0), admissible, distances, lower,
+                                  (squared + slack).sqrt(), tolerance, policy, round_index)
             tau = policy(distances, round_index)
-            inside = inside_ball(distances, tau, policy.strict)
+            inside = inside_ball(distances, tau, policy.strict, tolerance)
             if combination.copies is None or not combination.copies.split(inside):
                 break  # else identical rows were split: again with their first copy's distances
-        seen.append((distances, tau, slack))
         combination.step(inside)
     if products.far is not None and bool(combination.weights[..., products.far].any()):
         every = PairwiseProducts(*_all_products(z, v0, start_index), products.start_norms)
         return run_pairwise(z, v0, admissible, every, start_index, policy, rounds, final)
-    if seen and decided_by_rounding(*(torch.stack(values) for values in zip(*seen))):
-        warn_decided_by_rounding("pairwise")
     distances = combination.distances()[0] if final else None
     return combination.centres(z, v0), inside, tau, distances

@@ -36,12 +36,14 @@ def scratch(role: str, shape: tuple[int, ...] | torch.Size, like: Tensor) -> Ten
     return buffer[:size].view(shape)
 
 
-def _selected_rows(mask: Tensor, width: int) -> tuple[Tensor, Tensor]:
+def _selected_rows(mask: Tensor, width: int, problems: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """For ``mask[B, ..., N]``: the positions of its set entries first (in order), then
     unset ones as padding, ``width`` per row (``order``); and the same positions as row
-    indices into ``z.reshape(B * N, d)`` (``index``)."""
+    indices into ``z.reshape(B * N, d)`` (``index``), or, when ``mask`` holds the
+    problems ``problems[B]`` of a larger ``z``, into that ``z``'s rows."""
     order = torch.argsort((~mask).to(torch.int8), dim=-1, stable=True)[..., :width]
-    offsets = torch.arange(mask.shape[0], device=mask.device) * mask.shape[-1]
+    chosen = torch.arange(mask.shape[0], device=mask.device) if problems is None else problems
+    offsets = chosen * mask.shape[-1]
     return order, order + offsets.view(-1, *([1] * (order.dim() - 1)))
 
 
@@ -128,30 +130,33 @@ def rowdot(a: Tensor, b: Tensor) -> Tensor:
     return rows.reshape(a.shape[:-1])
 
 
-def weighted_rows(weights: Tensor, z: Tensor) -> Tensor:
-    """``weights[B, K, N] @ z[B, N, d]``.  When few weights are non-zero, only those
-    rows are read, in place, by ``embedding_bag`` (a weighted sum of rows per bag,
-    without copying them); otherwise one product streams all of ``z``.
+def weighted_rows(weights: Tensor, z: Tensor, problems: Tensor | None = None) -> Tensor:
+    """``weights[B, K, N] @ z[B, N, d]``; with ``problems[P]``, ``weights[P, K, N]``
+    are those problems' weights and the result is ``weights @ z[problems]``, without
+    copying those problems' rows when few weights are non-zero.  When few weights are
+    non-zero, only those rows are read, in place, by ``embedding_bag`` (a weighted
+    sum of rows per bag, without copying them); otherwise one product streams all of
+    ``z``.
 
     Reading a few rows in place beats gathering them and beats the blocked product,
     but a single bag of most of the rows is slower than one product over all of them:
     hence the switch on the share of non-zero weights
     (benchmarks/README.md, "Kernel choices")."""
-    batch, n, dim = z.shape
-    k = weights.shape[1]
+    _, n, dim = z.shape
+    batch, k = weights.shape[:2]
     nonzero = weights != 0
     width = int(nonzero.sum(-1).amax()) if nonzero.numel() else 0
     if width == 0:
         return z.new_zeros(batch, k, dim)
     if k * width > n * (0.66 if k == 1 else 1.6):
-        return _blocked_product(weights, z)
+        return _blocked_product(weights, z if problems is None else z[problems])
     # Rows with a non-zero weight first; the tail of a short bag repeats rows whose
     # weight is zero, so it adds nothing.
-    order, index = _selected_rows(nonzero, width)  # [B, K, w] each
+    order, index = _selected_rows(nonzero, width, problems)  # [B, K, w] each
     coefficients = torch.gather(weights, -1, order)
     sums = F.embedding_bag(
         index.reshape(batch * k, width),
-        z.reshape(batch * n, dim),
+        z.reshape(-1, dim),
         mode="sum",
         per_sample_weights=coefficients.reshape(batch * k, width),
     )

@@ -29,12 +29,18 @@ Three numerically different but mathematically equal evaluations:
 * ``method="gram"``: distances from inner products ``<z_j, v_k>``, carried from round
   to round: one product with the points per round whose memberships changed, plus
   a read of the changed rows; the coordinates are updated explicitly.  Much faster
-  for large ``d`` (FC on an MLP); loses precision when distances are tiny relative
-  to the points' norms.
+  for large ``d`` (FC on an MLP).
 * ``method="pairwise"``: distances from the points' Gram matrix, one ``N^2 d``
   product at matmul speed, then only scalars (:mod:`defenses.pairwise_clustering`).
-  Faster than ``"gram"`` for a few dozen points per problem, slower for hundreds;
-  the same loss of precision.
+  Faster than ``"gram"`` for a few dozen points per problem, slower for hundreds.
+
+The tie rule, which all three follow (:func:`defenses.ball_membership.tie_tolerance`):
+a distance within ``TIE_ULPS eps (||z_j|| + s_k)`` of the radius is inside the ball
+(outside with ``strict``).  Inner products lose precision when distances are tiny
+relative to the points' norms, so ``"gram"`` and ``"pairwise"`` read from coordinates
+every point whose rounding interval leaves its membership open
+(:func:`defenses.ball_membership.read_ties`): the three give the same memberships on
+ties made in exact arithmetic (docs/design.md, "The tie rule").
 """
 
 from __future__ import annotations
@@ -49,11 +55,12 @@ from torch import Tensor
 
 from defenses.ball_membership import (
     ROUNDING_SLACK,
-    decided_by_rounding,
     inside_ball,
     mask_distances,
+    next_spread,
+    read_ties,
     row_copies,
-    warn_decided_by_rounding,
+    tie_tolerance,
 )
 from defenses.pairwise_clustering import pairwise_products, run_pairwise
 from defenses.primitives import (
@@ -177,7 +184,7 @@ def threshold_clustering(
             *run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, final is not None)
         )
     elif products is None:
-        result = _run_direct(clean, start, admissible, policy, rounds, final)
+        result = _run_direct(clean, start, admissible, norms.sqrt(), policy, rounds, final)
     else:
         result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final, live)
     distances = result.distances
@@ -269,19 +276,23 @@ def _run_direct(
     z: Tensor,
     v: Tensor,
     admissible: Tensor,
+    lengths: Tensor,
     policy: RadiusPolicy,
     rounds: int,
     final: str | None,
 ) -> ClusteringResult:
-    """Eq. 24 from coordinates; ``final`` (any value) adds the final distances."""
+    """Eq. 24 from coordinates (``lengths[B, N]``: the points' norms, 0 for
+    inadmissible ones); ``final`` (any value) adds the final distances."""
     v = v.clone()  # the returned centres never alias the caller's (rounds = 0)
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
     tau = v.new_zeros(v.shape[:-1])
+    spread = torch.linalg.vector_norm(v, dim=-1)
     for round_index in range(rounds):
         distances = _direct_distances(v, z, admissible)
         tau = policy(distances, round_index)
-        inside = inside_ball(distances, tau, policy.strict)
+        inside = inside_ball(distances, tau, policy.strict, tie_tolerance(lengths, spread))
+        spread = next_spread(spread, inside, lengths, n)
         weights = inside.to(z.dtype)
         keep = 1 - weights.sum(-1, keepdim=True) / n  # a_l; exactly 0 when every point is inside
         v = keep * v + torch.bmm(weights, z) / n
@@ -322,31 +333,27 @@ def _run_gram(
     dots = _CentreDots(z, norms, admissible, v0, products)
     inside = torch.zeros(z.shape[0], k, z.shape[1], dtype=torch.bool, device=z.device)
     tau = z.new_zeros(z.shape[0], k)
-    seen: list[tuple[Tensor, Tensor, Tensor]] = []  # every round's distances, radii, ||v||^2
     for round_index in range(rounds):
         while True:
             distances = dots.distances(policy.undecided)
+            tolerance = tie_tolerance(dots.lengths, dots.spread)
+            lower, upper = dots.intervals()
+            distances = read_ties(z, dots.centres.__getitem__, admissible, distances, lower, upper, tolerance,
+                                  policy, round_index)
             tau = policy(distances, round_index)
-            entered = inside_ball(distances, tau, policy.strict)
+            entered = inside_ball(distances, tau, policy.strict, tolerance)
             if dots.copies is None or not dots.copies.split(entered):
                 break  # else identical rows were split: again with their first copy's distances
-        seen.append((distances, tau, dots.centre_norms()))
         change = None
         if bool((entered ^ inside).any()):
             change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
-        dots.step(change, inside.sum(-1).to(z.dtype))
-    unresolved = False
-    if seen:
-        all_distances, all_radii, all_centre_norms = (torch.stack(values) for values in zip(*seen))
-        unresolved = decided_by_rounding(all_distances, all_radii, dots.slack(all_centre_norms))
+        dots.step(change, inside)
     distances = None
     if final == "exact":
         distances = dots.distances(None)
     elif final == "nearest":
         distances = dots.distances(partial(_nearest_undecided, live))
-    if unresolved:
-        warn_decided_by_rounding("gram")
     return ClusteringResult(dots.centres, inside, tau, distances)
 
 
@@ -387,6 +394,7 @@ class _CentreDots:
         self.z, self.norms, self.admissible, self.n = z, norms, admissible, n
         self.excluded = ~admissible.unsqueeze(1)  # [B, 1, N]: inadmissible points
         self.lengths = norms.sqrt()  # ||z_j||
+        self.spread = torch.linalg.vector_norm(v0, dim=-1)  # see ball_membership.next_spread
         self.centres = v0.clone()
         self.x_dots = products
         self.b_dots = torch.zeros_like(self.x_dots)
@@ -472,6 +480,17 @@ class _CentreDots:
         upper = (high + slack).clamp_min(0).sqrt()
         return mask_distances(lower, self.excluded), mask_distances(upper, self.excluded), estimate, settled
 
+    def intervals(self) -> tuple[Tensor, Tensor]:
+        """``(lower, upper)``, each ``[B, K, N]``: bounds on every point's distance to
+        the current centres, rounding included (``inf`` for inadmissible points;
+        identical rows take their first copy's)."""
+        if self.exact:
+            known, slack = self._known(), self.slack()
+            lower, upper = self._finish(known - slack), self._finish(known + slack)
+        else:
+            lower, upper, _, _ = self._bounds()
+        return self._spread(lower), self._spread(upper)
+
     def distances(self, undecided: Callable[[Tensor, Tensor], Tensor] | None) -> Tensor:
         """Distances to the current centres, ``[B, K, N]``: exact (or settled: exact to
         rounding, see :meth:`_bounds`) for every point the policy's ``undecided`` asks
@@ -527,16 +546,28 @@ class _CentreDots:
         self._known_now = None
         self.exact = True
 
-    def step(self, change: Tensor | None, inside_counts: Tensor) -> None:
+    def step(self, change: Tensor | None, inside: Tensor) -> None:
         """One round of eq. 24: ``change[B, K, N]`` (+1 entered, -1 left; ``None`` when
-        no membership changed) and the ball sizes ``[B, K]``."""
+        no membership changed) and the balls ``inside[B, K, N]``.
+
+        The ball sum of the explicit centres is summed afresh over its members in a
+        ball that some row left, as ``"direct"`` sums it: subtracting a large row that
+        left would keep its rounding (``eps ||z||``) in the sum, and the centres of the
+        evaluations would drift apart by more than the tie tolerance."""
+        weights = inside.to(self.z.dtype)
         if change is not None:
             delta = weighted_rows(change, self.z)
             self.pending += delta
-            self.ball += delta
+            left = (change < 0).any(-1, keepdim=True)  # [B, K, 1]
+            if bool(left.any()):
+                fresh = weighted_rows(weights * left, self.z)
+                torch.where(left, fresh, self.ball + delta, out=self.ball)
+            else:
+                self.ball += delta
             if self.gamma is not None and bool(self.gamma.ne(0).any()):
                 self.gamma = None  # rho holds an earlier pending: no longer a multiple
-        keep = 1 - inside_counts / self.n  # a_l, [B, K]
+        self.spread = next_spread(self.spread, inside, self.lengths, self.n)
+        keep = 1 - weights.sum(-1) / self.n  # a_l, [B, K]
         self.centres.mul_(keep.unsqueeze(-1)).add_(self.ball, alpha=1.0 / self.n)
         self._centre_norms = self._known_now = None
         self.sigma, self.t = keep * self.sigma, keep * self.t + 1.0 / self.n

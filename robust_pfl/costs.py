@@ -17,7 +17,8 @@ rate; it is meant to catch configs that would run for days or centuries
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from robust_pfl.config import ExperimentConfig
 

@@ -507,23 +507,23 @@ def test_invalid_centre_indices_raise_value_error(points, centres, message):
 
 
 @pytest.mark.parametrize("method", ["gram", "pairwise"])
-def test_inner_products_warn_when_rounding_decides_a_membership(method):
+def test_inner_products_read_coordinates_where_rounding_would_decide(method):
     """A centre among a tight cluster of 1e6-sized float32 rows (the large-gradient
     attack's shape): distances of ~1e4 are far below the rounding of inner products of
-    such rows, so the inner-product evaluations decide those memberships by rounding
-    and say so; the direct evaluation resolves them.  A well-scaled problem gives no
+    such rows, so the inner-product evaluations cannot decide those memberships from
+    their products; they read those rows' coordinates (or, pairwise, evaluate the
+    problem again by gram) and end with the direct evaluation's memberships, without a
     warning."""
     g = torch.Generator().manual_seed(0)
     d = 2000
     points = torch.cat([torch.randn(10, d, generator=g), 1e6 + 100 * torch.randn(20, d, generator=g)])
     centre = points[10:11] + 10 * torch.randn(1, d, generator=g)
-    with pytest.warns(RuntimeWarning, match=f"method='{method}'.*decided by rounding"):
-        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method=method)
-    well_scaled = torch.cat([torch.randn(10, d, generator=g), 3 + torch.randn(20, d, generator=g)])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        threshold_clustering(well_scaled, well_scaled[10:11] + 0.1, QuantileRadius(0.3), 5, method=method)
-        threshold_clustering(points, centre, QuantileRadius(0.3), 5, method="direct")
+        for rounds in range(1, 6):
+            direct = threshold_clustering(points, centre, QuantileRadius(0.3), rounds, method="direct")
+            other = threshold_clustering(points, centre, QuantileRadius(0.3), rounds, method=method)
+            assert torch.equal(other.inside, direct.inside), rounds
 
 
 def test_gram_settles_far_rows_without_reading_them(monkeypatch):
@@ -546,9 +546,7 @@ def test_gram_settles_far_rows_without_reading_them(monkeypatch):
 
     monkeypatch.setattr(tc, "row_products", spy)
     monkeypatch.setattr(tc, "_FULL_PRODUCT_SHARE", 1.0)  # reads, never a full product
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # decided by rounding, as warned
-        threshold_clustering(points, points[10:11].clone(), QuantileRadius(0.8), 6, method="gram")
+    threshold_clustering(points, points[10:11].clone(), QuantileRadius(0.8), 6, method="gram")
     assert read_rows, "the attack rows' memberships need reads"
     assert not any(bool(rows[..., :10].any()) for rows in read_rows)
 
@@ -587,7 +585,7 @@ def test_centre_dots_intervals_contain_the_distances(seed, b, n, d, k, data):
         change = entered.to(F64) - inside.to(F64)
         ball = torch.bmm(entered.to(F64), z)
         v = v * (1 - entered.to(F64).sum(-1, keepdim=True) / n) + ball / n
-        dots.step(change if bool(change.any()) else None, entered.sum(-1).to(F64))
+        dots.step(change if bool(change.any()) else None, entered)
         inside = entered
         torch.testing.assert_close(dots.centres, v, rtol=1e-10, atol=1e-10)
         lower, upper, estimate, settled = dots._bounds()
