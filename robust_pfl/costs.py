@@ -3,7 +3,8 @@ run that would take more than a day.
 
 The estimate counts floating-point operations: per round and method, every client's
 gradients (``6 d`` per sample of a batch: a forward and a backward pass of a model of
-``d`` parameters) and the aggregation's passes over ``d``-vectors
+``d`` parameters, ``d`` at least ``MIN_EFFECTIVE_DIM``) and the aggregation's passes
+over ``d``-vectors
 (:meth:`defenses.Algorithm.round_work`), times rounds, seeds and methods.  It divides
 them by an effective rate measured on Global (the mean) at N = 250 on the MNIST MLP
 (benchmarks/README.md, "Seconds per step against each step's floor"): about 1e11
@@ -33,6 +34,10 @@ ROUND_OVERHEAD_SECONDS = 1e-3
 #: Seconds of each serial step within a round (:attr:`defenses.base.RoundWork.serial_steps`:
 #: 130 us measured per Threshold-Clustering round of FC and MC on that task).
 SERIAL_STEP_SECONDS = 1e-4
+#: Vectors shorter than this cost about as much as vectors this long (per-row overheads):
+#: FC on a synthetic task of d = 10 with N = 8,000 took 37 s a round on that CPU, the
+#: count at this width.
+MIN_EFFECTIVE_DIM = 1024
 #: Runs estimated past this many seconds get a :class:`CostWarning`.
 LONG_RUN_SECONDS = 86_400.0
 _FLOPS_PER_SAMPLE_AND_PARAMETER = 6.0  # forward (2) and backward (4) multiply-adds
@@ -50,11 +55,12 @@ def estimated_cost(config: ExperimentConfig, params: Iterable[defenses.Algorithm
     import defenses  # here, not at the top: the CLI imports this module for CostWarning before torch
 
     batch = config.batch_size or samples_per_client
+    width = max(model_dim, MIN_EFFECTIVE_DIM)
     flops = overhead = 0.0
     for method, chosen in zip(config.methods, params):
         work = defenses.REGISTRY[method.name].round_work(chosen, clients, config.task.clusters)
-        gradients = clients * work.gradients_per_client * batch * _FLOPS_PER_SAMPLE_AND_PARAMETER * model_dim
-        flops += gradients + 2.0 * work.vector_passes * model_dim
+        gradients = clients * work.gradients_per_client * batch * _FLOPS_PER_SAMPLE_AND_PARAMETER * width
+        flops += gradients + 2.0 * work.vector_passes * width
         overhead += ROUND_OVERHEAD_SECONDS + work.serial_steps * SERIAL_STEP_SECONDS
     runs = float(config.rounds) * len(config.seeds)
     rate = EFFECTIVE_FLOPS.get(config.device.split(":")[0], EFFECTIVE_FLOPS["cpu"])
