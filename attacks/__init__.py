@@ -11,7 +11,9 @@ what ``robust-pfl attacks`` prints.
 Families: :mod:`attacks.simple` (large gradient, constant), :mod:`attacks.flips` (bit
 flip), :mod:`attacks.noise` (Gaussian noise), :mod:`attacks.statistical` (ALIE, IPM,
 mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
-(ball-edge), :mod:`attacks.search` (the ``optimised`` scale-search wrapper) and
+(ball-edge), :mod:`attacks.search` (the ``optimised`` scale-search wrapper),
+:mod:`attacks.scale_search` (ByzFL's Optimal-ALIE and Optimal-IPM), :mod:`attacks.fang`
+(Fang et al.'s attacks on Krum and on the trimmed mean) and
 :mod:`attacks.data_poisoning` (label flip), :mod:`attacks.forged_loss` (forged loss
 reports against loss-based clustering: IFCA, HypCluster, CLoVE) and
 :mod:`attacks.graph_attacks` (neighbour poisoning from high-degree graph positions).
@@ -24,13 +26,15 @@ from attacks.base import NEED_TAGS, NO_ATTACK, REGISTRY, UnknownAttack, build, d
 from attacks.conformance import check_attack
 from robust_pfl.conformance import ConformanceError
 from robust_pfl.types import AttackBase
-from attacks.simple import ConstantValue, LargeGradient
+from attacks.simple import ConstantValue, Inf, LargeGradient
 from attacks.flips import BitFlip
 from attacks.noise import GaussianNoise
 from attacks.statistical import ALIE, IPM, Mimic
 from attacks.optimised import MinMax, MinSum
 from attacks.adaptive import BallEdge
 from attacks.search import Optimised
+from attacks.scale_search import OptimalALIE, OptimalIPM
+from attacks.fang import FangKrum, FangTrimmedMean
 from attacks.data_poisoning import LabelFlip
 from attacks.forged_loss import ForgedLoss
 from attacks.graph_attacks import NeighbourPoison
@@ -58,6 +62,11 @@ __all__ = [
     "MinSum",
     "BallEdge",
     "Optimised",
+    "OptimalALIE",
+    "OptimalIPM",
+    "FangKrum",
+    "FangTrimmedMean",
+    "Inf",
     "LabelFlip",
     "ForgedLoss",
     "NeighbourPoison",

@@ -1,4 +1,4 @@
-"""Attacks that ignore what they see: large gradient and constant (NaN/Inf/huge) rows."""
+"""Attacks that ignore what they see: large gradient, constant (NaN/Inf/huge) and +inf rows."""
 
 from __future__ import annotations
 
@@ -62,3 +62,26 @@ class ConstantValue(AttackBase):
         """``value`` rounded to ``dtype`` as a cast rounds it: past the dtype's range it
         is +-inf (``fill_`` refuses such a number outright)."""
         return float(torch.tensor(self.value, dtype=torch.float64).to(dtype))
+
+
+@register
+@attack_options
+class Inf(AttackBase):
+    """ByzFL's Inf attack (Gonzalez, Guerraoui, Pinot, Rizk, Stephan & Taiani, "ByzFL:
+    research framework for robust federated learning", arXiv 2025; ``Inf`` in its
+    attacks module): every Byzantine coordinate is ``+inf``, the crudest test of
+    whether a defense drops non-finite rows.  Same rows as ``constant(value=inf)``,
+    under ByzFL's name and without options."""
+
+    name: ClassVar[str] = "inf"
+    summary: ClassVar[str] = "every Byzantine coordinate +inf (ByzFL's Inf attack)"
+    needs: ClassVar[frozenset[str]] = frozenset()
+    reads_messages: ClassVar[bool] = False
+    iid_rows: ClassVar[bool] = True  # one constant: see attack_draws_rows_apart
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return messages.new_full(byzantine_shape(messages, context), math.inf)
+
+    def write_rows(self, rows: Tensor, context: AttackContext) -> None:
+        """The rows of :meth:`__call__`, written in place into ``rows[..., B, d]``."""
+        rows.fill_(math.inf)

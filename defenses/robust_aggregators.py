@@ -237,7 +237,9 @@ AggregatorSpec = Union[str, Mapping[str, Any], Aggregator]
 def make_aggregator(spec: AggregatorSpec) -> Aggregator:
     """An aggregator from a name (``"median"``), a mapping with ``name`` and options
     (``{"name": "trimmed_mean", "f": 2}``) or an instance (returned as is).  Unknown
-    names or options raise ``ValueError`` naming them."""
+    names or options raise ``ValueError`` naming them.  A mapping's ``pre`` key (a
+    list of pre-aggregators, :mod:`defenses.preaggregators`) puts them in front:
+    ``{"name": "krum", "pre": ["nnm"]}`` is Krum applied after NNM."""
     if isinstance(spec, Aggregator):
         return spec
     if isinstance(spec, str):
@@ -245,6 +247,12 @@ def make_aggregator(spec: AggregatorSpec) -> Aggregator:
     elif isinstance(spec, Mapping):
         options = dict(spec)
         name = options.pop("name", None)
+        if "pre" in options:
+            pre = options.pop("pre")
+            inner = make_aggregator({**options, "name": name})
+            from defenses.preaggregators import pre_aggregated  # that module imports this one
+
+            return pre_aggregated(inner, pre, where=f"{name}.pre")
     else:
         raise ValueError(
             f"aggregator must be a name or a mapping with 'name', got {spec!r}; "
