@@ -5,7 +5,8 @@ Federated Learning") comes first (Alg. 1-4, and the workshop paper's PFL-TC and
 decentralised PDL-TC), then the clustered-PFL systems of the field (IFCA, HypCluster,
 CFL, CLoVE, CGPFL, FedSPD, Ditto, KNN-Per);
 the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clipping,
-bucketing) live in :mod:`defenses.robust_aggregators` and plug into ``global``.
+bucketing) live in :mod:`defenses.robust_aggregators` and plug into ``global``, after
+the pre-aggregators of :mod:`defenses.preaggregators` (``pre = ["nnm", ...]``).
 """
 
 from defenses.base import REGISTRY, Algorithm, AlgorithmParams, build, register
@@ -34,6 +35,8 @@ from defenses.robust_aggregators import (
 )
 from defenses.robust_aggregators import describe as describe_aggregator
 from defenses.robust_aggregators import register as register_aggregator
+from defenses.preaggregators import PRE_AGGREGATORS, PreAggregated, PreAggregator, make_pre_aggregator
+from defenses.preaggregators import register as register_pre_aggregator
 from defenses.threshold_clustering import (
     ClusteringResult,
     nearest_centre,
@@ -74,4 +77,9 @@ __all__ = [
     "GeometricMedian",
     "CenteredClipping",
     "Bucketing",
+    "PRE_AGGREGATORS",
+    "PreAggregator",
+    "PreAggregated",
+    "make_pre_aggregator",
+    "register_pre_aggregator",
 ]

@@ -76,7 +76,7 @@ def _weighted_sum(values: Tensor, weights: Tensor) -> Tensor:
     return (weights.to(values.dtype).unsqueeze(-2) @ values).squeeze(-2)
 
 
-def _per_problem(count: Tensor, like: Tensor) -> Tensor:
+def per_problem(count: Tensor, like: Tensor) -> Tensor:
     """``count[...]`` as ``like``'s dtype, shaped ``[..., 1]`` to divide ``[..., d]``."""
     return count.clamp_min(1).to(like.dtype).unsqueeze(-1)
 
@@ -84,7 +84,7 @@ def _per_problem(count: Tensor, like: Tensor) -> Tensor:
 def _masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     """Mean of the rows where ``mask[..., N]`` (zeros where no row is selected).
     Selecting one row returns it exactly (the other rows add exact zeros)."""
-    return _weighted_sum(values, mask) / _per_problem(mask.sum(-1), values)
+    return _weighted_sum(values, mask) / per_problem(mask.sum(-1), values)
 
 
 def _sorted_columns(rows: Rows) -> Tensor:
@@ -116,7 +116,7 @@ def _mean_of_order_statistics(
     low, high = low.clamp_min(0), torch.minimum(high, count)
     keep = (position >= low[..., None, None]) & (position < high[..., None, None])
     kept = ordered.masked_fill_(~keep, 0.0) if consume else torch.where(keep, ordered, torch.zeros_like(ordered))
-    return kept.sum(-2) / _per_problem(high - low, ordered)
+    return kept.sum(-2) / per_problem(high - low, ordered)
 
 
 def coordinate_median(rows: Rows) -> Tensor:
@@ -552,7 +552,7 @@ class CenteredClipping(Aggregator):
             difference = torch.sub(rows.values, v.unsqueeze(-2), out=scratch)
             scale = (self.tau / row_norms(difference)).clamp_max(1.0)  # ||y|| = 0 gives 1
             scale = torch.where(rows.admissible, scale, torch.zeros_like(scale))
-            v = v + _weighted_sum(difference, scale) / _per_problem(rows.count, v)
+            v = v + _weighted_sum(difference, scale) / per_problem(rows.count, v)
         return v
 
 
@@ -594,29 +594,38 @@ class Bucketing(Aggregator):
             raise ValueError(f"{self.name} (s={self.s}, {math.ceil(n / self.s)} buckets of n={n}): {error}") from None
 
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        values, admissible, _ = rows
-        n, d = values.shape[-2:]
-        batch = values.shape[:-2]
-        if generator is None:
-            keys = torch.arange(n, dtype=torch.float64, device=values.device).expand(*batch, n)
-        else:
-            keys = torch.rand((*batch, n), generator=generator, dtype=torch.float64, device=generator.device)
-            keys = keys.to(values.device)
-        keys = torch.where(admissible, keys, torch.full_like(keys, math.inf))  # inadmissible last
-        order = keys.argsort(dim=-1, stable=True)
-        if batch:
-            permuted = values.gather(-2, order.unsqueeze(-1).expand(*batch, n, d))
-        else:  # one problem: a row gather, without an index per coordinate
-            permuted = values.index_select(0, order)
-        present = admissible.gather(-1, order)
-        buckets = math.ceil(n / self.s)
-        pad = buckets * self.s - n
-        if pad:
-            permuted = torch.cat([permuted, permuted.new_zeros(*batch, pad, d)], dim=-2)
-            present = torch.cat([present, present.new_zeros(*batch, pad)], dim=-1)
-        sums = permuted.reshape(*batch, buckets, self.s, d).sum(-2)
-        sizes = present.reshape(*batch, buckets, self.s).sum(-1)
-        means = sums / _per_problem(sizes, sums)
-        if not bool((sizes > 0).all()):  # an empty bucket is absent
-            means = torch.where((sizes > 0).unsqueeze(-1), means, torch.full_like(means, math.nan))
+        means, present = bucket_means(rows, self.s, generator)
+        if not bool(present.all()):  # an empty bucket is absent
+            means = torch.where(present.unsqueeze(-1), means, torch.full_like(means, math.nan))
         return self.inner(means, previous, generator)
+
+
+def bucket_means(rows: Rows, s: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Karimireddy, He, Jaggi 2022, Alg. 1 lines 1-2: the admissible rows permuted at
+    random (one float64 ``rand`` of shape ``[..., N]`` from ``generator``, inadmissible
+    rows last; without a generator the given order) and the means of consecutive
+    buckets of ``s``: ``(means[..., ceil(N / s), d], present[..., ceil(N / s)])``,
+    ``present`` False for a bucket without an admissible row."""
+    values, admissible, _ = rows
+    n, d = values.shape[-2:]
+    batch = values.shape[:-2]
+    if generator is None:
+        keys = torch.arange(n, dtype=torch.float64, device=values.device).expand(*batch, n)
+    else:
+        keys = torch.rand((*batch, n), generator=generator, dtype=torch.float64, device=generator.device)
+        keys = keys.to(values.device)
+    keys = torch.where(admissible, keys, torch.full_like(keys, math.inf))  # inadmissible last
+    order = keys.argsort(dim=-1, stable=True)
+    if batch:
+        permuted = values.gather(-2, order.unsqueeze(-1).expand(*batch, n, d))
+    else:  # one problem: a row gather, without an index per coordinate
+        permuted = values.index_select(0, order)
+    present = admissible.gather(-1, order)
+    buckets = math.ceil(n / s)
+    pad = buckets * s - n
+    if pad:
+        permuted = torch.cat([permuted, permuted.new_zeros(*batch, pad, d)], dim=-2)
+        present = torch.cat([present, present.new_zeros(*batch, pad)], dim=-1)
+    sums = permuted.reshape(*batch, buckets, s, d).sum(-2)
+    sizes = present.reshape(*batch, buckets, s).sum(-1)
+    return sums / per_problem(sizes, sums), sizes > 0

@@ -42,7 +42,7 @@ from robust_pfl.config import (
 )
 from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
 from robust_pfl.federation import Federation
-from robust_pfl.metrics import adjusted_rand_index
+from robust_pfl.metrics import adjusted_rand_index, attack_success_rate
 from robust_pfl.networks import make_network
 from robust_pfl.provenance import provenance
 from robust_pfl.registry import did_you_mean
@@ -52,6 +52,8 @@ from robust_pfl import threads as thread_policy
 from robust_pfl.seeding import deterministic_kernels_within
 from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
 from robust_pfl.tasks.images import TooManyByzantine
+from robust_pfl.tasks.transforms import normalization_stats
+from robust_pfl.data import Batch
 from robust_pfl.types import RoundRecord
 
 if TYPE_CHECKING:
@@ -237,7 +239,41 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
         attack=attack,
         device=resolve_device(config.device),
         num_classes=task.num_classes,
+        pixel_stats=_pixel_stats(config, attack),
     )
+
+
+# -- backdoor attacks (attacks.backdoor): the trigger's normalisation and the ASR ------------
+def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(mean, std)`` of an image task's normalisation when the attack stamps a
+    pixel-space trigger (a backdoor, with ``stamp_trigger``); else ``None``."""
+    if getattr(attack, "stamp_trigger", None) is None or not isinstance(config.task, ImageTaskConfig):
+        return None
+    builder = config.task.builder()
+    data = _dataset(builder.dataset, builder.data_dir)
+    return normalization_stats(builder.normalization, data.train_images)
+
+
+def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Tensor) -> dict[str, float]:
+    """``{"attack_success_rate": ...}`` when the run's attack is a backdoor: the
+    honest clients' mean of :func:`~robust_pfl.metrics.attack_success_rate` on their
+    test images with the full trigger stamped (clients without a non-target test
+    image are left out); ``{}`` for any other attack."""
+    federation = algorithm.federation
+    attack = federation.attack
+    stamp = getattr(attack, "stamp_trigger", None)
+    if stamp is None or task.num_classes is None:
+        return {}
+    attack.check_target(task.num_classes)
+    inputs = stamp(task.test.inputs, federation.pixel_stats)
+    if algorithm.predict_log_proba is not None:
+        log_probs = algorithm.predict_log_proba(inputs)
+    else:
+        outputs = task.objective.paired_outputs(models, Batch(inputs, task.test.targets))
+        log_probs = torch.log_softmax(outputs, dim=-1)
+    rates = attack_success_rate(log_probs, task.test.targets, attack.target)
+    honest = ~task.byzantine.to(rates.device)
+    return {"attack_success_rate": float(rates[honest].double().nanmean())}
 
 
 def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord | None = None) -> dict[str, float]:
@@ -251,6 +287,7 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     per_client = task.evaluate(models, algorithm.predict_log_proba)
     out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
     out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
+    out.update(backdoor_success(task, algorithm, models))
     if record is not None and record.assignment is not None:
         truth = task.cluster_ids.to(models.device)[honest]
         out["ari"] = adjusted_rand_index(truth, record.assignment[honest])

@@ -50,6 +50,9 @@ class Federation:
             targets once, here; they then send honest gradients of poisoned data.
         device: where tensors live.
         num_classes: classes of a classification task (needed by data attacks).
+        pixel_stats: ``(mean, std)``, each ``[C, 1, 1]``, of an image task's
+            normalisation (``inputs = (pixels - mean) / std``): a backdoor attack
+            stamps its pixel-space trigger through it (``None``: inputs are pixels).
         sample_gradients: how many per-sample gradient (or loss) evaluations the
             federation's clients have made so far: a model on one sample counts 1.  A
             measure of a run's work that is the same on every machine (the ``[theory]``
@@ -65,6 +68,7 @@ class Federation:
     attack: AttackBase | None = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     num_classes: int | None = None
+    pixel_stats: tuple[Tensor, Tensor] | None = None
     sample_gradients: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -100,7 +104,28 @@ class Federation:
     def _received(self, train: ClientData) -> ClientData:
         """``train`` on this federation's device, after any data attack."""
         targets = self._poisoned_targets(train.targets)
-        return ClientData(train.inputs.to(self.device), targets.to(self.device))
+        inputs, targets = self._backdoored(train.inputs, targets)
+        return ClientData(inputs.to(self.device), targets.to(self.device))
+
+    # -- backdoor attacks (attacks.backdoor) ----------------------------------------------
+    def _backdoored(self, inputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Training data after a backdoor attack's ``poison_samples`` on the Byzantine
+        rows (a trigger stamped on a share of their images, relabelled to its target);
+        the images chosen come from the run's ``attack/backdoor`` stream, drawn afresh
+        from the seed at every (re-)deal."""
+        poison = getattr(self.attack, "poison_samples", None)
+        if poison is None or not bool(self.byzantine.any()):
+            return inputs, targets
+        if self.num_classes is None:
+            raise ValueError(f"attack {self.attack.name!r} plants a backdoor: it needs an image "
+                             "classification task (num_classes), not a regression task")
+        rows = self.byzantine.to(inputs.device).bool()
+        stamped, labels = poison(inputs[rows], targets[rows], self.num_classes, self.pixel_stats,
+                                 make_generator(self.seed, "attack/backdoor"))
+        inputs, targets = inputs.clone(), targets.clone()
+        inputs[rows] = stamped.to(inputs.dtype)
+        targets[rows] = labels.to(targets.dtype)
+        return inputs, targets
 
     def _poisoned_targets(self, targets: Tensor) -> Tensor:
         """Training targets after a data attack's ``poison`` on the Byzantine rows."""

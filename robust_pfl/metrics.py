@@ -11,6 +11,16 @@ def accuracy(log_probs: Tensor, targets: Tensor) -> Tensor:
     return (log_probs.argmax(-1) == targets.long()).to(log_probs.dtype).mean(-1)
 
 
+def attack_success_rate(log_probs: Tensor, targets: Tensor, target: int) -> Tensor:
+    """Per-client backdoor attack success rate ``[N]``: of each client's samples whose
+    true label ``targets[N, b]`` is not ``target``, the fraction that ``log_probs[N, b,
+    C]`` (predictions on the triggered images) assigns to ``target``; NaN for a client
+    without such a sample."""
+    eligible = targets.long() != target
+    hits = (log_probs.argmax(-1) == target) & eligible
+    return hits.sum(-1).to(log_probs.dtype) / eligible.sum(-1).to(log_probs.dtype)
+
+
 def negative_log_likelihood(log_probs: Tensor, targets: Tensor) -> Tensor:
     """Per-client mean cross-entropy ``[N]`` of predicted log-probabilities."""
     picked = torch.gather(log_probs, -1, targets.long().unsqueeze(-1)).squeeze(-1)
