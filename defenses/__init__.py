@@ -5,7 +5,9 @@ Federated Learning") comes first (Alg. 1-4, and the workshop paper's PFL-TC and
 decentralised PDL-TC), then the clustered-PFL systems of the field (IFCA, HypCluster,
 CFL, CLoVE, CGPFL, FedSPD, Ditto, KNN-Per);
 the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clipping,
-bucketing) live in :mod:`defenses.robust_aggregators` and plug into ``global``, after
+bucketing) live in :mod:`defenses.robust_aggregators` (MDA, MoNNA, Meamed, CAF and SMEA in
+:mod:`defenses.byzfl_aggregators`; Bulyan, DnC, ClippedClustering, SignGuard and FLAME in
+:mod:`defenses.filtering_aggregators`) and plug into ``global``, after
 the pre-aggregators of :mod:`defenses.preaggregators` (``pre = ["nnm", ...]``).
 """
 
@@ -45,6 +47,7 @@ from defenses.threshold_clustering import (
 
 # Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per  # noqa: E402,F401  isort: skip
+from defenses import byzfl_aggregators, filtering_aggregators  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "REGISTRY",

@@ -46,6 +46,10 @@ HISTORY_COLUMNS = ("method", "seed", "round", "metric", "value")
 PREFERRED_METRICS = ("test_accuracy", "accuracy", "param_error")
 #: Metrics that are bookkeeping, never a default.
 BOOKKEEPING_METRICS = ("cell_seconds", "seconds", "nonfinite_models")
+#: Shown beside the default metric whenever recorded (a backdoor attack's runs).
+COMPANION_METRICS = ("attack_success_rate",)
+#: Fractions shown in percent besides the accuracies.
+PERCENT_METRICS = ("attack_success_rate",)
 NOT_RECORDED = "(not recorded)"
 FORMATS = ("md", "latex", "csv")
 MISSING = "–"
@@ -214,7 +218,8 @@ def _run_finals(directory: Path) -> Finals:
 # -- the tables -------------------------------------------------------------------------------
 def choose_metrics(available: Iterable[str], metrics: Sequence[str] | None, source: Any) -> list[str]:
     """``metrics`` if each is available, else the default: ``test_accuracy``, else
-    ``accuracy``, else ``param_error``, else the first metric that is no bookkeeping."""
+    ``accuracy``, else ``param_error``, else the first metric that is no bookkeeping;
+    followed by ``attack_success_rate`` where a backdoor attack recorded it."""
     available = list(dict.fromkeys(available))
     if metrics:
         unknown = [m for m in metrics if m not in available]
@@ -223,7 +228,7 @@ def choose_metrics(available: Iterable[str], metrics: Sequence[str] | None, sour
         return list(dict.fromkeys(metrics))
     for metric in (*PREFERRED_METRICS, *[m for m in available if m not in BOOKKEEPING_METRICS], *available):
         if metric in available:
-            return [metric]
+            return list(dict.fromkeys([metric, *[m for m in COMPANION_METRICS if m in available]]))
     raise ResultsError(f"{source}: no metric")
 
 
@@ -234,7 +239,8 @@ def _as_finals(results: str | Path | Finals) -> Finals:
 def _percent(values: pd.Series, metric: str) -> bool:
     """Whether a metric is an accuracy held as a fraction (shown in percent)."""
     finite = values[values.map(math.isfinite)]
-    return "accuracy" in metric and bool(finite.between(0.0, 1.0).all())
+    named = "accuracy" in metric or metric in PERCENT_METRICS
+    return named and bool(finite.between(0.0, 1.0).all())
 
 
 def _ranked(frame: pd.DataFrame, labels: list[str], order: pd.DataFrame) -> pd.DataFrame:

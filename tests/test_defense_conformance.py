@@ -39,7 +39,10 @@ from robust_pfl.types import AttackBase, AttackContext
 
 ALGORITHMS = sorted(REGISTRY)
 # method case -> (registered algorithm, extra options); plain names map to themselves
-AGGREGATED = {f"global:{a}": ("global", {"aggregator": a}) for a in sorted(AGGREGATORS) if a != "mean"}
+# Bulyan's default f = 1 needs n >= 7, more than the federation without Byzantine clients has
+SMALL_N_SPECS: dict[str, Any] = {"bulyan": {"name": "bulyan", "fraction": 0.125}}
+AGGREGATED = {f"global:{a}": ("global", {"aggregator": SMALL_N_SPECS.get(a, a)}) for a in sorted(AGGREGATORS)
+              if a != "mean"}
 METHODS = ALGORITHMS + sorted(AGGREGATED)
 
 CLUSTERS = 2

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {
     "primitives": 1, "row_reads": 1, "ball_membership": 1, "radius": 1, "graph_rounds": 1, "optimiser": 1,
     "threshold_clustering": 2, "pairwise_clustering": 2, "kmeans_init": 2,
-    "robust_aggregators": 3, "preaggregators": 3,
+    "robust_aggregators": 3, "preaggregators": 3, "filtering_aggregators": 3, "byzfl_aggregators": 3,
 }
 ALGORITHMS = 4
 
