@@ -14,7 +14,8 @@ mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
 (ball-edge), :mod:`attacks.search` (the ``optimised`` scale-search wrapper),
 :mod:`attacks.scale_search` (ByzFL's Optimal-ALIE and Optimal-IPM), :mod:`attacks.fang`
 (Fang et al.'s attacks on Krum and on the trimmed mean) and
-:mod:`attacks.data_poisoning` (label flip), :mod:`attacks.forged_loss` (forged loss
+:mod:`attacks.data_poisoning` (label flip), :mod:`attacks.backdoor` (BadNets, DBA, model
+replacement; the run records the attack success rate), :mod:`attacks.forged_loss` (forged loss
 reports against loss-based clustering: IFCA, HypCluster, CLoVE) and
 :mod:`attacks.graph_attacks` (neighbour poisoning from high-degree graph positions).
 
@@ -36,6 +37,7 @@ from attacks.search import Optimised
 from attacks.scale_search import OptimalALIE, OptimalIPM
 from attacks.fang import FangKrum, FangTrimmedMean
 from attacks.data_poisoning import LabelFlip
+from attacks.backdoor import DBA, BadNets, ModelReplacement
 from attacks.forged_loss import ForgedLoss
 from attacks.graph_attacks import NeighbourPoison
 
@@ -68,6 +70,9 @@ __all__ = [
     "FangTrimmedMean",
     "Inf",
     "LabelFlip",
+    "BadNets",
+    "DBA",
+    "ModelReplacement",
     "ForgedLoss",
     "NeighbourPoison",
 ]

@@ -12,7 +12,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
-from defenses.robust_aggregators import make_aggregator
+from defenses.robust_aggregators import Aggregator, make_aggregator
 from defenses.round_buffers import RoundBuffers
 from robust_pfl.federation import Federation
 from robust_pfl.types import RoundRecord
@@ -78,19 +78,38 @@ class Global(Algorithm):
 
     def __init__(self, federation: Federation, params: GlobalParams) -> None:
         super().__init__(federation, params)
-        self.aggregator = make_aggregator(params.aggregator)
-        self.aggregator.check(federation.clients)
+        self.aggregator = self._make_aggregator(params, federation.clients)
         self.model = federation.init_params(1)
         self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.model)
         self.previous: Tensor | None = None
         self._rng = federation.rng("global-aggregator")
         self._round = RoundBuffers()
 
+    # -- the server's rule: what a subclass with a rule of its own overrides ------------------
+    def _make_aggregator(self, params: AlgorithmParams, clients: int) -> Aggregator | None:
+        """The robust aggregator of ``params.aggregator``, checked against ``clients``
+        senders; a subclass whose server rule is not an :class:`Aggregator` (FLTrust,
+        FoolsGold: :mod:`defenses.trust_aggregation`) returns None and overrides
+        :meth:`_rule`."""
+        aggregator = make_aggregator(params.aggregator)
+        aggregator.check(clients)
+        return aggregator
+
+    def _rule(self, messages: Tensor, generator: torch.Generator) -> Tensor:
+        """The aggregate of ``messages[..., N, d]``, ``[..., d]``, a pure function of
+        them and the algorithm's state (adaptive attacks probe it)."""
+        return self.aggregator(messages, self.previous, generator)
+
+    def _aggregate(self, received: Tensor) -> Tensor:
+        """This round's aggregate ``[d]`` of the received ``[N, d]``, drawing from the
+        server's stream; a rule with state across rounds updates it here."""
+        return self._rule(received, self._rng)
+
     def _probe(self, messages: Tensor) -> Tensor:
         """The aggregate the server would compute from ``messages``, ``[..., 1, d]``."""
         copy = torch.Generator(device=self._rng.device)
         copy.set_state(self._rng.get_state())
-        return self.aggregator(messages, self.previous, copy).unsqueeze(-2)
+        return self._rule(messages, copy).unsqueeze(-2)
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
@@ -98,7 +117,7 @@ class Global(Algorithm):
         grads, received = self._round.delivered_gradients(
             fed, shared, fed.sample_batch(reuse=True), round_index, {"aggregate": self._probe}
         )
-        update = self.aggregator(received, self.previous, self._rng).unsqueeze(0)
+        update = self._aggregate(received).unsqueeze(0)
         self.previous = update[0]
         self.optimizer.apply(self.model, update)
         return RoundRecord(round_index, gradients=self.kept(grads), updates=update.expand(fed.clients, -1))

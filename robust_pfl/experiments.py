@@ -128,6 +128,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     if len(set(labels)) != len(labels):
         raise fail("methods", f"labels must be unique, got {labels} (set 'label')")
     model_dim, samples = _model_size(config, fail)
+    _check_backdoor(config, attack, fail)
     try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
         device = str(resolve_device(config.device))
     except ValueError as error:
@@ -254,6 +255,19 @@ def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, t
     return normalization_stats(builder.normalization, data.train_images)
 
 
+def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, str], ConfigError]) -> None:
+    """A backdoor's ``target`` must be a class of the data set and its trigger must fit
+    in the images (checked at load, not when the federation is built)."""
+    if getattr(attack, "stamp_trigger", None) is None or not isinstance(config.task, ImageTaskConfig):
+        return
+    data = _dataset(config.task.dataset, config.task.data_dir)
+    try:
+        attack.check_target(data.num_classes)
+        attack.part_masks(*data.image_shape[-2:])
+    except ValueError as error:
+        raise fail("attack", str(error)) from None
+
+
 def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Tensor) -> dict[str, float]:
     """``{"attack_success_rate": ...}`` when the run's attack is a backdoor: the
     honest clients' mean of :func:`~robust_pfl.metrics.attack_success_rate` on their
@@ -281,7 +295,8 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     personalised models (or its own predictor, e.g. KNN-Per's mixture), the fraction
     of honest models that are not finite (must stay 0 under any attack), and for
     algorithms that form clusters the adjusted Rand index of the honest clients'
-    assignment against the true clusters."""
+    assignment against the true clusters; under a backdoor attack also its
+    ``attack_success_rate`` (:func:`backdoor_success`)."""
     models = algorithm.client_models()
     honest = ~task.byzantine.to(models.device)
     per_client = task.evaluate(models, algorithm.predict_log_proba)

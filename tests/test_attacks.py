@@ -34,6 +34,8 @@ FAST = settings(max_examples=25, deadline=None)
 
 # Extra configurations exercised by the conformance suite (defaults always are).
 EXAMPLES: dict[str, list[dict[str, Any]]] = {
+    "dba": [{"size": 2, "parts": 2}],
+    "model_replacement": [{"boost": 2.0}],
     "fang_krum": [{"centre": "zero"}],
     "optimal_alie": [{"grid": [0.5, 2.0]}],
     "bit_flip": [{"source": "client", "client": 3}, {"source": "client_model", "client": 3}, {"source": "mean", "scale": 2.0}],
@@ -53,6 +55,9 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
 
 # One invalid configuration or more per attack with parameters: (options, field named).
 INVALID: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "badnets": [({"size": 0}, "size"), ({"value": 1.5}, "value"), ({"poison_fraction": 0.0}, "poison_fraction")],
+    "dba": [({"parts": 0}, "parts"), ({"size": 2, "parts": 3}, "parts")],
+    "model_replacement": [({"boost": 0.0}, "boost")],
     "optimal_alie": [({"grid": []}, "grid"), ({"grid": [1.0, -2.0]}, "grid")],
     "optimal_ipm": [({"grid": [0.0]}, "grid")],
     "fang_krum": [({"f": -1}, "f"), ({"steps": 0}, "steps"), ({"centre": "median"}, "centre")],
