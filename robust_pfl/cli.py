@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--quick", action="store_true", help="fewer rounds, 1 seed: a smoke run")
     table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
     table.add_argument(
-        "--table", choices=["synthetic", "digits", "systems", "all"], default="all", help="which table (default all)"
+        "--table", choices=["synthetic", "digits", "systems", "backdoor", "all"], default="all",
+        help="which table (default all; backdoor: accuracy and attack success rate per defense)"
     )
     _add_backend_options(table)
     _add_device_option(table)

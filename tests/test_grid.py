@@ -339,6 +339,23 @@ def test_attack_table_verdicts():
     assert breaks(errors, "relative_error") == {("x", "A"), ("x", "B")}  # above 1e-2, or not finite
     accuracy = {("none", "A"): 90.0, ("x", "A"): 79.9, ("y", "A"): 80.0, ("x", "B"): math.nan, ("none", "B"): 50.0}
     assert breaks(accuracy, "accuracy") == {("x", "A"), ("x", "B")}  # > 10 points below its own no-attack value
+    # a backdoor table also breaks where the attack success rate passes 50 %
+    success = {("x", "A"): 49.9, ("y", "A"): 50.1, ("none", "B"): math.nan}
+    assert breaks(accuracy, "backdoor", success) == {("x", "A"), ("x", "B"), ("y", "A"), ("none", "B")}
+
+
+def test_a_backdoor_table_cell_is_accuracy_then_attack_success_rate():
+    from robust_pfl.recipes import attack_table
+
+    grid, _ = attack_table.load("backdoor", quick=True)
+    attacks_ = attack_table.labels(grid, "attack")
+    methods = attack_table.labels(grid, "method")
+    assert attacks_ == ["none", "badnets", "dba", "model_replacement"] and methods[:3] == ["FC", "MC", "CLoVE"]
+    values = {("badnets", "FC"): 91.25, ("none", "FC"): 92.0}
+    success = {("badnets", "FC"): 98.04}
+    lines = attack_table.markdown(values, {("badnets", "FC")}, grid, "backdoor", True, success).splitlines()
+    row = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert row[:3] == ["FC", "92.0 / –", "91.2 / 98.0 ✗"]  # no attack: no success rate recorded
 
 
 def test_attack_table_with_a_row_per_defense_is_the_transpose():

@@ -16,6 +16,11 @@ recipe runs them (resumable, into ``OUT/<table>/``) and writes ``attack_table.md
   every clustered-PFL system (CLoVE, CGPFL, FedSPD, PDL-TC, CFL, HypCluster, IFCA,
   the threshold-clustering family ...) without attack and under large gradients, bit
   flip and label flipping; one row per system.
+* **backdoor** (``configs/backdoor_table_digits.toml``): digits by rotation, K = 4;
+  FC, MC, CLoVE and Global with every robust aggregator under BadNets, DBA and model
+  replacement.  A cell is the final honest test accuracy and attack success rate
+  (%, mean over seeds); a defense **breaks** when the attack success rate is above
+  ``BACKDOOR_ASR`` or the accuracy falls as in the digits table; one row per defense.
 
 Quick mode (fewer rounds, 1 seed) overrides the files' ``rounds`` and ``seeds``: a
 smoke run, and its output says so (a slow defense can still be converging).
@@ -41,6 +46,7 @@ from robust_pfl.results import history_text, write_outputs
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 BREAK_THRESHOLD = 1e-2
 ACCURACY_DROP = 10.0  # points
+BACKDOOR_ASR = 50.0  # %: the backdoor fires on most triggered images
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class Table:
 
     file: str
     quick: Mode
-    measure: str  # "relative_error" or "accuracy"
+    measure: str  # "relative_error", "accuracy" or "backdoor" (accuracy and attack success rate)
     defense_rows: bool = False  # one row per defense (many defenses), else per attack
 
 
@@ -63,6 +69,7 @@ TABLES: dict[str, Table] = {
     "synthetic": Table("attack_table.toml", Mode(rounds=100, seeds=1), "relative_error"),
     "digits": Table("attack_table_digits.toml", Mode(rounds=40, seeds=1), "accuracy"),
     "systems": Table("pfl_systems_digits.toml", Mode(rounds=40, seeds=1), "accuracy", defense_rows=True),
+    "backdoor": Table("backdoor_table_digits.toml", Mode(rounds=30, seeds=1), "backdoor", defense_rows=True),
 }
 
 
@@ -90,22 +97,28 @@ def relative_errors(rows: pd.DataFrame) -> dict[tuple[str, str], float]:
     return {key: float(v) for key, v in per_cell.groupby(["attack", "method"], sort=False)["ratio"].mean().items()}
 
 
-def accuracies(rows: pd.DataFrame) -> dict[tuple[str, str], float]:
-    """``{(attack, defense): mean over seeds of the final honest test accuracy, %}``."""
-    final = rows[(rows["metric"] == "test_accuracy") & rows["final"]]
+def accuracies(rows: pd.DataFrame, metric: str = "test_accuracy") -> dict[tuple[str, str], float]:
+    """``{(attack, defense): mean over seeds of the final honest ``metric``, %}`` (test
+    accuracy, or the attack success rate of a backdoor run)."""
+    final = rows[(rows["metric"] == metric) & rows["final"]]
     mean = final.groupby(["attack", "method"], sort=False)["value"].mean()
     return {key: 100 * float(v) for key, v in mean.items()}
 
 
-def breaks(values: dict[tuple[str, str], float], measure: str) -> set[tuple[str, str]]:
-    """The (attack, defense) pairs where the defense breaks (see the module doc)."""
+def breaks(values: dict[tuple[str, str], float], measure: str,
+           success: dict[tuple[str, str], float] | None = None) -> set[tuple[str, str]]:
+    """The (attack, defense) pairs where the defense breaks (see the module doc);
+    ``success`` the attack success rates of a backdoor table."""
     out = {key for key, value in values.items() if not math.isfinite(value)}
     for (attack, defense), value in values.items():
         if measure == "relative_error" and value > BREAK_THRESHOLD:
             out.add((attack, defense))
         clean = values.get(("none", defense))
-        if measure == "accuracy" and clean is not None and value < clean - ACCURACY_DROP:
+        if measure != "relative_error" and clean is not None and value < clean - ACCURACY_DROP:
             out.add((attack, defense))
+    for key, rate in (success or {}).items():
+        if not math.isfinite(rate) or rate > BACKDOOR_ASR:
+            out.add(key)
     return out
 
 
@@ -116,9 +129,10 @@ def labels(grid: Grid, column: str) -> list[str]:
 
 def markdown(
     values: dict[tuple[str, str], float], broken: set[tuple[str, str]], grid: Grid, measure: str,
-    defense_rows: bool = False,
+    defense_rows: bool = False, success: dict[tuple[str, str], float] | None = None,
 ) -> str:
-    """The table: a row per attack and a column per defense, or the transpose."""
+    """The table: a row per attack and a column per defense, or the transpose; with
+    ``success`` (a backdoor table) each cell is ``accuracy / attack success rate``."""
     attack_labels = [a for a in labels(grid, "attack") if any(k[0] == a for k in values)]
     defense_labels = [d for d in labels(grid, "method") if any(k[1] == d for k in values)]
     rows, columns = (defense_labels, attack_labels) if defense_rows else (attack_labels, defense_labels)
@@ -130,6 +144,9 @@ def markdown(
             key = (column, row) if defense_rows else (row, column)
             value = values.get(key)
             text = "–" if value is None else (f"{value:.1e}" if measure == "relative_error" else f"{value:.1f}")
+            if success is not None and value is not None:
+                rate = success.get(key)
+                text += " / –" if rate is None else f" / {rate:.1f}"
             shown.append(text + (" ✗" if key in broken else ""))
         lines.append(f"| {row} | " + " | ".join(shown) + " |")
     return "\n".join(lines)
@@ -143,6 +160,11 @@ def describe(name: str, grid: Grid, mode: Mode, measure: str) -> str:
         what = (f"Relative honest error ||x - x*||^2 / initial; ✗ = breaks (> {BREAK_THRESHOLD:g} or not finite). "
                 f"{cell.n_clients - cell.n_byzantine} honest + {cell.n_byzantine} Byzantine clients, "
                 f"{task['clusters']} cluster(s).")
+    elif measure == "backdoor":
+        what = (f"Final honest test accuracy / attack success rate (%); ✗ = attack success rate above "
+                f"{BACKDOOR_ASR:g}% or accuracy more than {ACCURACY_DROP:g} points below the same defense without "
+                f"attack. {task['dataset']} {task['kind']}, K = {task['clusters']}, "
+                f"{cell.n_clients - cell.n_byzantine} honest + {cell.n_byzantine} Byzantine clients.")
     else:
         what = (f"Final honest test accuracy (%); ✗ = more than {ACCURACY_DROP:g} points below the same defense "
                 f"without attack. {task['dataset']} {task['kind']}, K = {task['clusters']}, "
@@ -180,17 +202,19 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str =
         errored.update(run_grid(grid, out / name, backend)["errored"])
         rows = grid_results(out / name, grid)
         values = relative_errors(rows) if measure == "relative_error" else accuracies(rows)
-        broken = breaks(values, measure)
+        success = accuracies(rows, "attack_success_rate") if measure == "backdoor" else None
+        broken = breaks(values, measure, success)
         text = describe(name, grid, mode, measure)
         if quick:
             slow = [d for d in labels(grid, "method") if ("none", d) in broken]
             text = quick_note(mode, full, slow) + "\n\n" + text
-        sections.append(text + "\n\n" + markdown(values, broken, grid, measure, TABLES[name].defense_rows))
+        sections.append(text + "\n\n" + markdown(values, broken, grid, measure, TABLES[name].defense_rows, success))
         history = rows[rows["metric"] != "cell_seconds"][["attack", "method", "seed", "round", "metric", "value"]]
         histories.append(history.assign(table=name))
         summary_tables[name] = {
             "measure": measure,
             "values": {f"{a} | {d}": v for (a, d), v in values.items()},
+            **({"attack_success_rate": {f"{a} | {d}": v for (a, d), v in success.items()}} if success else {}),
             "breaks": sorted(f"{a} | {d}" for a, d in broken),
             "rounds": mode.rounds,
             "seeds": mode.seeds,
