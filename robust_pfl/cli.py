@@ -224,14 +224,18 @@ def _download(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from robust_pfl.plotting import plot_results
+    from robust_pfl.plotting import COMPANION_METRICS, plot_results, recorded_metrics
 
-    report = plot_results(args.results, args.out, args.metric)
-    print(f"plotted {report.metric}; wrote:")
-    for path in report.files:
-        print(f"  {path}")
-    for note in report.notes:
-        print(f"  {note}")
+    metrics = [args.metric]
+    if args.metric is None:  # a backdoor run's success rate is plotted beside the main metric
+        metrics += [m for m in COMPANION_METRICS if m in recorded_metrics(args.results)]
+    for metric in metrics:
+        report = plot_results(args.results, args.out, metric)
+        print(f"plotted {report.metric}; wrote:")
+        for path in report.files:
+            print(f"  {path}")
+        for note in report.notes:
+            print(f"  {note}")
     return 0
 
 
@@ -348,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", help="output directory (default: RESULTS's directory/plots)")
     plot.add_argument(
         "--metric", default=None,
-        help="metric to plot (default: test_accuracy, else accuracy, else param_error, else the first one)",
+        help="metric to plot (default: test_accuracy, else accuracy, else param_error, else the first one; "
+        "and the attack success rate where a backdoor run recorded it)",
     )
     plot.set_defaults(handler=_plot)
     results = commands.add_parser(

@@ -40,7 +40,8 @@ legend names every line.  Axes carry readable names (:func:`metric_label`:
 Curves and heatmap show each attack at its most common Byzantine fraction (the
 largest on a tie: where attacks bite); the fraction figure shows them all.  The
 default metric is ``test_accuracy``, else ``accuracy``, else ``param_error``, else the
-first one in the data; accuracies stored as fractions are shown in percent.  A
+first one in the data; accuracies (and a backdoor's attack success rate) stored as
+fractions are shown in percent.  A
 positive metric spanning more than three decades (a diverged loss) gets a log axis
 and a log colour scale; the heatmap's colormap is the sequential viridis, and a
 non-finite mean (a diverged run) is written as ``inf`` / ``nan`` on a blank cell.
@@ -84,7 +85,10 @@ METRIC_LABELS = {
     "param_error": "Parameter error ||x_i - x*||²",
     "nonfinite_models": "Non-finite honest models (fraction)",
     "ari": "Adjusted Rand index",
+    "attack_success_rate": "Attack success rate",
 }
+#: Plotted beside the main metric whenever the data record it (a backdoor's success).
+COMPANION_METRICS = ("attack_success_rate",)
 #: Above this many evaluations on a line, markers shrink so they do not merge.
 DENSE_MARKERS = 30
 
@@ -302,7 +306,7 @@ def metric_view(results: Results, metric: str) -> MetricView:
     """The metric's rows; accuracies held as fractions in [0, 1] become percent."""
     frame = results.frame[results.frame["metric"] == metric].copy()
     finite = frame["value"][np.isfinite(frame["value"])]
-    percent = "accuracy" in metric and finite.between(0.0, 1.0).all()
+    percent = ("accuracy" in metric or metric in COMPANION_METRICS) and finite.between(0.0, 1.0).all()
     if percent:
         frame["value"] = frame["value"] * 100.0
     return MetricView(frame, metric, bool(percent))
@@ -508,6 +512,11 @@ def default_out(path: str | Path) -> Path:
     """RESULTS's directory / "plots"."""
     path = Path(path)
     return (path if path.is_dir() else path.parent) / "plots"
+
+
+def recorded_metrics(path: str | Path) -> list[str]:
+    """The metrics the store or run at ``path`` records."""
+    return list(load_results(path).frame["metric"].unique())
 
 
 def plot_results(path: str | Path, out: str | Path | None = None, metric: str | None = None) -> PlotReport:

@@ -128,6 +128,27 @@ def test_run_history_plots_with_the_configs_attack(tmp_path, capsys):
         "curves-param_error.pdf", "curves-param_error.png", "heatmap-param_error.pdf", "heatmap-param_error.png"]
 
 
+def test_a_backdoor_runs_success_rate_is_plotted_beside_its_accuracy(tmp_path, capsys):
+    """A history recording ``attack_success_rate`` (a backdoor run) gets its figures
+    too, in percent, without ``--metric``; ``--metric`` still plots only that one."""
+    rows = [
+        {"method": "global", "seed": 0, "round": r, "metric": metric, "value": value}
+        for r in range(3) for metric, value in (("test_accuracy", 0.5 + 0.1 * r), ("attack_success_rate", 0.3 * r))
+    ]
+    write_csv(tmp_path / "history.csv", rows)
+    (tmp_path / "summary.json").write_text(json.dumps({"config": {"attack": {"name": "badnets"}}}))
+    assert main(["plot", str(tmp_path / "history.csv"), "--out", str(tmp_path / "p")]) == 0
+    printed = capsys.readouterr().out
+    assert "plotted test_accuracy" in printed and "plotted attack_success_rate" in printed
+    names = {p.name for p in (tmp_path / "p").iterdir()}
+    assert {"curves-attack_success_rate.png", "heatmap-attack_success_rate.png"} <= names
+    view = plotting.metric_view(plotting.load_results(tmp_path), "attack_success_rate")
+    assert view.percent and view.label == "Attack success rate (%)"
+    assert sorted(view.frame["value"].round(6)) == [0.0, 30.0, 60.0]
+    assert main(["plot", str(tmp_path / "history.csv"), "--out", str(tmp_path / "q"), "--metric", "test_accuracy"]) == 0
+    assert "attack_success_rate" not in capsys.readouterr().out
+
+
 # -- what the figures show -------------------------------------------------------------------
 def test_heatmap_shows_hand_computed_means_over_seeds_in_percent(tmp_path):
     """Cells are the mean over seeds of each run's last-round value, in percent:
