@@ -13,7 +13,8 @@ flip), :mod:`attacks.noise` (Gaussian noise), :mod:`attacks.statistical` (ALIE, 
 mimic), :mod:`attacks.optimised` (min-max, min-sum), :mod:`attacks.adaptive`
 (ball-edge), :mod:`attacks.search` (the ``optimised`` scale-search wrapper),
 :mod:`attacks.scale_search` (ByzFL's Optimal-ALIE and Optimal-IPM), :mod:`attacks.fang`
-(Fang et al.'s attacks on Krum and on the trimmed mean) and
+(Fang et al.'s attacks on Krum and on the trimmed mean), :mod:`attacks.defense_aware`
+(Blades' attacks on ClippedClustering and SignGuard) and
 :mod:`attacks.data_poisoning` (label flip), :mod:`attacks.backdoor` (BadNets, DBA, model
 replacement; the run records the attack success rate), :mod:`attacks.forged_loss` (forged loss
 reports against loss-based clustering: IFCA, HypCluster, CLoVE) and
@@ -36,6 +37,7 @@ from attacks.adaptive import BallEdge
 from attacks.search import Optimised
 from attacks.scale_search import OptimalALIE, OptimalIPM
 from attacks.fang import FangKrum, FangTrimmedMean
+from attacks.defense_aware import ClippedClusteringAttack, SignGuardAttack
 from attacks.data_poisoning import LabelFlip
 from attacks.backdoor import DBA, BadNets, ModelReplacement
 from attacks.forged_loss import ForgedLoss
@@ -68,6 +70,8 @@ __all__ = [
     "OptimalIPM",
     "FangKrum",
     "FangTrimmedMean",
+    "ClippedClusteringAttack",
+    "SignGuardAttack",
     "Inf",
     "LabelFlip",
     "BadNets",

@@ -60,7 +60,7 @@ class BallEdge(AttackBase):
 
     name: ClassVar[str] = "ball_edge"
     summary: ClassVar[str] = "sit inside the defense's threshold ball at (1-eps)*tau from the centre (Werner et al.)"
-    needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "adaptive"})
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "adaptive", "defense_aware"})
     eps: Annotated[float, Field(gt=0, lt=1, description="margin: rows sit at (1 - eps) * tau from the centre")] = 0.05
     direction: Annotated[
         Direction, Field(description="away (from the honest mean) | other_centre (toward the nearest other centre)")

@@ -7,7 +7,9 @@ construction, and carries three class attributes:
 * ``summary``: one line for ``robust-pfl attacks``;
 * ``needs``: what the attacker must be able to see or do, a subset of
   :data:`NEED_TAGS`: ``"omniscient"`` (reads honest rows), ``"adaptive"`` (reads
-  ``context.defense_state``), ``"data"`` (poisons training data).  Where the answer
+  ``context.defense_state``), ``"defense_aware"`` (built against one named defense,
+  which it may beat where it does little against others), ``"data"`` (poisons
+  training data).  Where the answer
   depends on the configuration (``bit_flip(source="own")`` reads no honest row), the
   class value is the upper bound and :class:`NeedsBy` gives each instance its own.
 
@@ -46,7 +48,7 @@ from robust_pfl.validation import descriptions, options
 
 REGISTRY: dict[str, type] = {}
 
-NEED_TAGS: frozenset[str] = frozenset({"omniscient", "adaptive", "data"})
+NEED_TAGS: frozenset[str] = frozenset({"omniscient", "adaptive", "defense_aware", "data"})
 
 
 def _known_needs(cls: type) -> None:

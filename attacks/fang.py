@@ -102,7 +102,7 @@ class FangKrum(AttackBase):
 
     name: ClassVar[str] = "fang_krum"
     summary: ClassVar[str] = "r - lambda*sign(mean), lambda halved until Krum selects it (Fang et al. 2020, Sec. 4.2)"
-    needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "defense_aware"})
     f: Annotated[
         int | None, Field(ge=0, description="Krum's Byzantine budget assumed (None: the Byzantine count)")
     ] = None
@@ -163,7 +163,7 @@ class FangTrimmedMean(AttackBase):
 
     name: ClassVar[str] = "fang_trimmed_mean"
     summary: ClassVar[str] = "per coordinate past the honest min/max, against the mean (Fang et al. 2020, Sec. 4.3)"
-    needs: ClassVar[frozenset[str]] = frozenset({"omniscient"})
+    needs: ClassVar[frozenset[str]] = frozenset({"omniscient", "defense_aware"})
     b: Annotated[float, Field(gt=1, description="the extreme is scaled by a factor in [1, b] (or [1/b, 1])")] = 2.0
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:

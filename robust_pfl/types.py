@@ -53,7 +53,8 @@ class AttackBase(ABC):
 
     * ``name``, ``summary``: the registry key and one line for ``robust-pfl attacks``.
     * ``needs``: what it uses (``omniscient``: the honest messages; ``adaptive``: the
-      defense's state; ``data``: it poisons labels).
+      defense's state; ``defense_aware``: it is built against one named defense;
+      ``data``: it poisons training data).
     * ``reads_messages``: False when its rows depend on the message shapes and its
       random stream only (the engine then skips computing the Byzantine rows).
     * ``reads_own_rows``: False when it reads only the honest senders' rows.

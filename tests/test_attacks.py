@@ -55,6 +55,8 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
 
 # One invalid configuration or more per attack with parameters: (options, field named).
 INVALID: dict[str, list[tuple[dict[str, Any], str]]] = {
+    "clipped_clustering_attack": [({"grid": 0}, "grid"), ({"steps": -1}, "steps"), ({"scale": 0.0}, "scale")],
+    "signguard_attack": [({"window": 0}, "window"), ({"scale": -1.0}, "scale"), ({"tiny": 1.0}, "tiny")],
     "badnets": [({"size": 0}, "size"), ({"value": 1.5}, "value"), ({"poison_fraction": 0.0}, "poison_fraction")],
     "dba": [({"parts": 0}, "parts"), ({"size": 2, "parts": 3}, "parts")],
     "model_replacement": [({"boost": 0.0}, "boost")],

@@ -125,7 +125,7 @@ def test_needs_and_reads():
     for name in ("optimal_alie", "optimal_ipm"):
         assert attacks.REGISTRY[name].needs == {"omniscient", "adaptive"}
     for name in ("fang_krum", "fang_trimmed_mean"):
-        assert attacks.REGISTRY[name].needs == {"omniscient"}
+        assert attacks.REGISTRY[name].needs == {"omniscient", "defense_aware"}
         assert attacks.reads_messages(attacks.build(name))
 
 
