@@ -46,7 +46,7 @@ from defenses.threshold_clustering import (
 )
 
 # Importing the modules registers their algorithms (imported for that side effect).
-from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per  # noqa: E402,F401  isort: skip
+from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per, trust_aggregation  # noqa: E402,F401  isort: skip
 from defenses import byzfl_aggregators, filtering_aggregators  # noqa: E402,F401  isort: skip
 
 __all__ = [
