@@ -39,6 +39,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flower(args: argparse.Namespace) -> int:
+    """``robust-pfl flower CONFIG.toml``: the run config as a Flower simulation
+    (:mod:`robust_pfl.flower`; flwr is imported only here, so every other command works
+    without it)."""
+    from robust_pfl.flower import INSTALL_HINT, load_flower_config
+
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        print(f"error: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    from robust_pfl.flower import run_flower
+
+    run = load_flower_config(args.config)
+    out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
+    held = _run_outputs(out)
+    if held and not args.overwrite:
+        raise ConfigError(f"{out} already holds a run's outputs ({', '.join(held)}); rerun with --overwrite to "
+                          f"replace it (or choose another --out)")
+    summary = run_flower(run, out, verbose=args.verbose)
+    print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
+    final = summary["final"]
+    for method in [m.display for m in run.config.methods if m.display in final]:  # config order
+        shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(final[method].items()))
+        print(f"  {method:>14}: {shown}")
+    return 0
+
+
 def _run_outputs(out: Path) -> list[str]:
     """What of a run's outputs ``out`` holds: summary.json, history.csv, checkpoints/."""
     held = [name for name in ("summary.json", "history.csv") if (out / name).exists()]
@@ -285,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_device_option(run)
     run.set_defaults(handler=_run)
+    flower = commands.add_parser(
+        "flower", help="run a config as a Flower simulation, one ClientApp node per client (needs robust-pfl[flower])"
+    )
+    flower.add_argument("config", help="path to the TOML config (a run config with an optional [flower] table)")
+    flower.add_argument("--out", help="output directory (default results/<config name>)")
+    flower.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in OUT")
+    flower.add_argument("--verbose", action="store_true", help="Flower's and Ray's debug logging")
+    flower.set_defaults(handler=_flower)
     reproduce = commands.add_parser("reproduce", help="reproduce a figure of Werner et al.")
     reproduce.add_argument("figure", choices=["fig2", "fig3", "fig6", "fig7", "table1"])
     reproduce.add_argument(

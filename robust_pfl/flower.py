@@ -1,0 +1,578 @@
+"""The library's defenses in a Flower federation: a strategy that drives a registered
+algorithm whose clients are Flower ``ClientApp`` nodes (``pip install robust-pfl[flower]``).
+
+How it works.  An algorithm of :mod:`defenses` reads "the clients" only through its
+:class:`~robust_pfl.federation.Federation`: ``gradients`` (each client's ``g_i(x_i)``),
+``cross_gradients`` (``g_j(x_m)`` for a set of models, FC's messages) and
+``deliver`` (the attack's injection point).  :class:`RemoteFederation` is a
+federation whose ``gradients`` / ``cross_gradients`` / ``cross_losses`` are answered
+by the nodes: each call becomes one Flower ``Message`` per node, carrying the models
+that node must evaluate (its own personalised model, or its FC group's models) and
+the indices of the samples of this round's batch; the node replies with one vector
+per model.  The algorithm itself (aggregation, clustering, the personalised models
+of every node) stays in :class:`RobustStrategy`, unchanged: the server code that the
+simulator runs is the code that the Flower run runs, and with the same seeds the two
+give the same honest models to float tolerance (``tests/test_flower.py``).
+
+Batches.  The strategy draws each round's batch indices from the run's ``batches``
+stream exactly as :meth:`robust_pfl.data.ClientData.sample` does and sends each node
+its own row (a server-side sampling schedule, the usual way to make a federated run
+reproducible); a node never sends data.
+
+Attacks.  Byzantine nodes are ``ClientApp`` nodes like the others:
+
+* a data attack (``label_flip``) poisons the node's own labels; it then sends honest
+  gradients of them;
+* an attack that needs nothing (``needs`` empty: ``large_gradient``, ``constant``,
+  ``bit_flip`` with ``source = "own"``) runs on the node, on its own honest vector,
+  with a generator of its own (``(seed, "attack/node<i>")``: its draws differ from
+  the simulator's single ``attack`` stream, not their law);
+* an omniscient or adaptive attack (ALIE, IPM, min-max, ball-edge, ...) is applied
+  by the strategy before aggregation through :meth:`Federation.deliver`, the same
+  injection the simulator uses, with the same ``attack`` stream.
+
+Why a Flower ``Strategy`` whose :meth:`RobustStrategy.start` is its own: Flower's
+default ``start`` sends one train message per round and aggregates the replies;
+FC needs one exchange per group and chunk of receivers, IFCA/HypCluster a loss
+exchange before the gradient one, so the strategy runs the algorithm's round and lets
+the algorithm ask for what it needs (``configure_train`` / ``aggregate_train`` build
+and read those messages).
+
+Supported methods (:data:`SUPPORTED_METHODS`) are those whose clients send one vector
+(or one vector per model of their group) per exchange and whose state lives on the
+server; see ``docs/flower.md`` for what is not wrapped and why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from torch import Tensor
+
+from robust_pfl.config import ConfigError, ExperimentConfig, config_error, parse_config, parse_toml, validation_problems
+from robust_pfl.data import Batch, ClientData
+from robust_pfl.federation import Federation
+from robust_pfl.seeding import generator as make_generator
+from robust_pfl.types import AttackContext
+
+if TYPE_CHECKING:  # flwr is imported lazily: the package works without it
+    from flwr.app import ArrayRecord, ConfigRecord, Message
+    from flwr.serverapp import Grid
+
+#: Registered methods the adapter wraps: all of their client work goes through
+#: ``Federation.gradients`` / ``cross_gradients`` (one vector per model a node
+#: evaluates) and their state lives on the server.
+SUPPORTED_METHODS: frozenset[str] = frozenset(
+    {"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto", "ifca", "ifca_model_avg", "hypcluster", "cfl",
+     "cgpfl", "clove", "pfl_tc"}
+)
+
+#: Methods whose message is the gradient the node computes (or, for MC, the momentum
+#: of its gradients, linear in them): a Byzantine node's gradient attack acts on that
+#: message, as in the simulator.  The others upload a model or a pseudo-gradient made
+#: by several local steps (IFCA, HypCluster, CFL, CGPFL, CLoVE, PFL-TC); there the strategy
+#: replaces the Byzantine upload through ``deliver``, as the simulator does, since an
+#: attack on each local gradient would be a different attack.
+NODE_ATTACK_METHODS: frozenset[str] = frozenset({"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto"})
+
+#: The message type every request uses (``ClientApp.query("robust_pfl")``).
+ACTION = "query.robust_pfl"
+
+INSTALL_HINT = "the Flower adapter needs flwr: pip install 'robust-pfl[flower]'"
+
+
+def require_flwr() -> None:
+    """Raise ``ImportError`` naming the extra to install when flwr is missing."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError as error:
+        raise ImportError(INSTALL_HINT) from error
+
+
+# -- configuration -----------------------------------------------------------------------
+class FlowerOptions(BaseModel):
+    """The ``[flower]`` table of a run config (everything else is the run config of
+    ``robust-pfl run``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    nodes: int | None = Field(None, ge=1, description="supernodes; must equal the run's clients (default: them)")
+    cpus_per_node: float = Field(1.0, gt=0, description="CPUs each ClientApp actor reserves (Ray backend)")
+    timeout_s: float = Field(600.0, gt=0, description="how long the strategy waits for one exchange's replies")
+
+
+@dataclass(frozen=True)
+class FlowerRun:
+    """A validated Flower run: the run config and its ``[flower]`` options."""
+
+    config: ExperimentConfig
+    options: FlowerOptions
+    clients: int
+
+
+def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None = None) -> FlowerRun:
+    """A Flower run from a TOML path or a mapping; fails at load with
+    ``<field>: must be ..., got ...`` for an unsupported method or attack, a node
+    count that is not the run's client count, or more Byzantine nodes than nodes."""
+    from robust_pfl.experiments import client_count, validate
+
+    base_dir = None
+    if not isinstance(data, Mapping):
+        path = Path(data)
+        source = source or str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as error:
+            raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
+        data = parse_toml(text, f"config {path}")
+        base_dir = path.parent
+    source = source or "<dict>"
+    data = dict(data)
+    raw = data.pop("flower", {})
+    try:
+        options = FlowerOptions.model_validate(raw)
+    except ValidationError as error:
+        problems = validation_problems(error, FlowerOptions)
+        raise config_error(source, [(f"flower.{where}" if where else "flower", message)
+                                    for where, message in problems]) from None
+    problems: list[tuple[str, str]] = []
+    for index, method in enumerate(data.get("methods") or []):
+        name = method.get("name") if isinstance(method, Mapping) else None
+        if name not in SUPPORTED_METHODS:
+            problems.append((f"methods[{index}].name",
+                             f"must be a method the Flower adapter wraps ({', '.join(sorted(SUPPORTED_METHODS))}), "
+                             f"got {name!r}"))
+    if problems:
+        raise config_error(source, problems)
+    config = validate(parse_config(data, source, base_dir=base_dir), source)
+    clients = client_count(config)
+    byzantine = _byzantine_count(config)
+    nodes = options.nodes if options.nodes is not None else clients
+    if options.nodes is not None and options.nodes != clients:
+        problems.append(("flower.nodes", f"must equal the run's clients ({clients}: one node per client), "
+                                         f"got {options.nodes}"))
+    if byzantine > nodes:
+        problems.append(("byzantine.total", f"must be at most the number of nodes ({nodes}), got {byzantine}"))
+    attack = config.attack.name
+    import attacks
+
+    built = attacks.build(attack, config.attack.options())
+    if getattr(built, "poison_samples", None) is not None:
+        problems.append(("attack.name", f"must not be a backdoor (its trigger needs pixel statistics the nodes "
+                                        f"do not share), got {attack!r}"))
+    if config.theory is not None:
+        problems.append(("theory", "must be absent in a Flower run (its estimates read every client's data "
+                                   "on the server), got a [theory] table"))
+    if getattr(config.task, "reshuffle_every_epoch", False):
+        problems.append(("task.reshuffle_every_epoch", "must be false in a Flower run (re-dealing moves data "
+                                                       "between nodes), got true"))
+    if problems:
+        raise config_error(source, problems)
+    return FlowerRun(config, options, clients)
+
+
+def _byzantine_count(config: ExperimentConfig) -> int:
+    """How many Byzantine clients ``config`` places (its task's mask)."""
+    from robust_pfl.experiments import build_task
+
+    return int(build_task(config, config.seeds[0]).byzantine.sum())
+
+
+def attack_on_node(attack: Any, method: str | None = None) -> bool:
+    """Whether a Byzantine ``ClientApp`` runs ``attack`` itself (in a run of
+    ``method``; ``None``: in some method): a data attack (poisoned labels), or one that
+    needs nothing but the node's own vector in a method of
+    :data:`NODE_ATTACK_METHODS`; every other attack is applied by the strategy
+    through :meth:`Federation.deliver`."""
+    if attack is None:
+        return False
+    if attack.poison is not None:
+        return True
+    return not frozenset(attack.needs) and (method is None or method in NODE_ATTACK_METHODS)
+
+
+# -- the server's view of the clients ----------------------------------------------------
+#: ``(kind, requests) -> replies``: each request ``(client, models [M, d], sample
+#: indices [b])``, each reply ``[M, d]`` (kind ``"gradient"``) or ``[M]`` (``"loss"``).
+Exchange = Callable[[str, list[tuple[int, Tensor, Tensor]]], list[Tensor]]
+
+
+@dataclass
+class RemoteFederation(Federation):
+    """A :class:`Federation` whose clients are remote nodes.
+
+    It holds no data: ``train`` and every batch are index schedules
+    (``Batch(inputs=[N, b] sample indices, targets=[N, b] client index)``, so that
+    ``Batch.select`` keeps each row with its node, and a method that reads the full
+    local data, as HypCluster's choice does, reads all indices), and every gradient or
+    loss is asked of the nodes through ``exchange``.  ``param_dtype`` is the models'
+    dtype (the simulator reads it off the data).  ``deliver`` is the simulator's: the strategy's attack (an
+    omniscient one; ``None`` when the nodes attack themselves) replaces the Byzantine
+    rows there.
+    """
+
+    exchange: Exchange | None = field(default=None, kw_only=True)
+    param_dtype: torch.dtype = field(default=torch.float32, kw_only=True)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.param_dtype
+
+    def sample_batch(self, reuse: bool = False) -> Batch:
+        """This round's batch schedule, drawn like :meth:`ClientData.sample` draws
+        (the same ``batches`` stream, hence the simulator's samples)."""
+        n_clients, n = self.train.inputs.shape[:2]
+        if self.batch_size is None or self.batch_size >= n:
+            return Batch(self.train.inputs, self.train.targets)
+        keys = torch.rand(n_clients, n, generator=self._batch_rng, device=self._batch_rng.device)
+        index = keys.argsort(dim=1)[:, : self.batch_size].to(self.device)
+        owner = torch.arange(n_clients, device=self.device).unsqueeze(1).expand_as(index)
+        return Batch(index, owner)
+
+    def _ask(self, kind: str, models: Callable[[int], Tensor], batch: Batch) -> list[Tensor]:
+        if self.exchange is None:
+            raise RuntimeError("RemoteFederation needs an exchange (RobustStrategy sets it)")
+        owners = batch.targets[:, 0].tolist()
+        requests = [(client, models(row), batch.inputs[row]) for row, client in enumerate(owners)]
+        self.sample_gradients += sum(m.shape[0] for _, m, _ in requests) * batch.inputs.shape[1]
+        return self.exchange(kind, requests)
+
+    def gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None, skip_unread: bool = False,
+                  blend: float | None = None) -> Tensor:
+        """``g_i(x_i)`` of every row's node; ``skip_unread`` is ignored (a Byzantine
+        node's reply is what it sends)."""
+        replies = self._ask("gradient", lambda row: params[row : row + 1], batch)
+        grads = torch.cat(replies).to(params.dtype)
+        if out is None:
+            return grads
+        if blend is not None:
+            return out.lerp_(grads, blend)
+        return out.copy_(grads)
+
+    def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
+        """``g_j(x_m)``: each sender's node evaluates all ``M`` models, ``[M, S, d]``."""
+        grads = torch.stack(self._ask("gradient", lambda row: params, batch), dim=1).to(params.dtype)
+        return grads if out is None else out.copy_(grads)
+
+    def cross_losses(self, params: Tensor, batch: Batch) -> Tensor:
+        """``f_j(x_m)``: ``[M, S]``."""
+        return torch.stack(self._ask("loss", lambda row: params, batch), dim=1).to(params.dtype)
+
+
+def remote_federation(config: ExperimentConfig, task: Any, seed: int, exchange: Exchange | None,
+                      method: str) -> RemoteFederation:
+    """The server's federation for ``task`` in a run of ``method``: the simulator's
+    ``build_federation`` without the data, and with the attack only when the strategy
+    applies it."""
+    import attacks
+    from robust_pfl.devices import resolve_device
+
+    attack = attacks.build(config.attack.name, config.attack.options())
+    n_clients, n = task.train.inputs.shape[:2]
+    schedule = ClientData(torch.arange(n).expand(n_clients, n).contiguous(),
+                          torch.arange(n_clients).unsqueeze(1).expand(n_clients, n).contiguous())
+    return RemoteFederation(
+        objective=task.objective, train=schedule, cluster_ids=task.cluster_ids, byzantine=task.byzantine,
+        seed=seed, batch_size=config.batch_size, attack=None if attack_on_node(attack, method) else attack,
+        device=resolve_device(config.device), num_classes=task.num_classes, exchange=exchange,
+        param_dtype=task.train.inputs.dtype,
+    )
+
+
+# -- the strategy -------------------------------------------------------------------------
+def _strategy_base() -> type:
+    from flwr.serverapp.strategy import Strategy
+
+    return Strategy
+
+
+class RobustStrategy:
+    """A Flower ``Strategy`` (built by :func:`make_strategy`) running one registered
+    algorithm of :data:`SUPPORTED_METHODS` over the nodes of a ``Grid``.
+
+    It keeps every node's personalised model (the algorithm's ``client_models()``)
+    and sends each node only the models it must evaluate.  ``node_of[i]`` maps client
+    ``i`` to its Flower node id (learnt by a ``hello`` exchange)."""
+
+    def __init__(self, method: Any, config: ExperimentConfig, seed: int, task: Any, timeout: float = 600.0) -> None:
+        import attacks
+        import defenses
+
+        self.method, self.config, self.seed, self.timeout = method, config, seed, timeout
+        self.federation = remote_federation(config, task, seed, self._exchange, method.name)
+        built = attacks.build(config.attack.name, config.attack.options())
+        #: whether Byzantine nodes attack their replies themselves (not a data attack)
+        self.nodes_attack = attack_on_node(built, method.name) and built.poison is None
+        self.algorithm = defenses.build(method.name, self.federation, method.options())
+        self.algorithm.snapshot_records = False
+        self.grid: Grid | None = None
+        self.node_of: dict[int, int] = {}
+        self.round_index = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._pending: list[tuple[int, Tensor, Tensor]] = []
+
+    # Flower's Strategy interface --------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        """One message per pending request of the algorithm's current exchange (its
+        ``(client, models, sample indices)``; ``arrays`` is unused: each node gets its
+        own models); ``config["kind"]`` says gradient or loss."""
+        from flwr.app import ArrayRecord as Arrays, ConfigRecord as Configs, Message as Msg, RecordDict
+
+        requests = self._pending
+        messages = []
+        for row, (client, models, index) in enumerate(requests):
+            content = RecordDict({
+                "models": Arrays({"x": _array(models)}),
+                "config": Configs({"kind": str(config["kind"]), "round": server_round, "row": row,
+                                   "seed": self.seed, "index": [int(i) for i in index.tolist()],
+                                   "attack": self.nodes_attack}),
+            })
+            messages.append(Msg(content=content, dst_node_id=self.node_of[client], message_type=ACTION))
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[list[Tensor], None]:
+        """The replies' vectors in request order (raises on a node's error)."""
+        out: dict[int, Tensor] = {}
+        for reply in replies:
+            if reply.has_error():
+                raise RuntimeError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
+            row = int(reply.content["config"]["row"])
+            array = reply.content["reply"]["y"]
+            self.bytes_received += array.numpy().nbytes
+            out[row] = torch.from_numpy(array.numpy().copy())
+        return [out[row] for row in range(len(out))], None
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                           ) -> Iterable[Message]:
+        """No federated evaluation: the run evaluates the personalised models on the
+        nodes' test sets as the simulator does (:func:`run_flower`)."""
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> None:
+        return None
+
+    def summary(self) -> None:
+        """Nothing to log beyond the run's own progress."""
+
+    # the exchange the algorithm's federation calls --------------------------------------
+    def _exchange(self, kind: str, requests: list[tuple[int, Tensor, Tensor]]) -> list[Tensor]:
+        if self.grid is None:
+            raise RuntimeError("RobustStrategy.start(grid) first")
+        from flwr.app import ArrayRecord as Arrays, ConfigRecord as Configs
+
+        self.bytes_sent += sum(m.numel() * m.element_size() for _, m, _ in requests)
+        self._pending = requests
+        messages = self.configure_train(self.round_index, Arrays(), Configs({"kind": kind}), self.grid)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        if len(replies) != len(requests):
+            raise RuntimeError(f"{len(requests) - len(replies)} of {len(requests)} nodes did not reply "
+                               f"within {self.timeout} s")
+        return self.aggregate_train(self.round_index, replies)[0]
+
+    def connect(self, grid: Grid) -> None:
+        """Learn which node is which client (each node states its ``partition-id``)."""
+        from flwr.app import ConfigRecord as Configs, Message as Msg, RecordDict
+
+        self.grid = grid
+        nodes = list(grid.get_node_ids())
+        if len(nodes) != self.federation.clients:
+            raise RuntimeError(f"the grid has {len(nodes)} nodes, the run {self.federation.clients} clients")
+        hello = [Msg(content=RecordDict({"config": Configs({"kind": "hello", "row": 0, "seed": self.seed})}),
+                     dst_node_id=node, message_type=ACTION) for node in nodes]
+        for reply in grid.send_and_receive(hello, timeout=self.timeout):
+            if reply.has_error():
+                raise RuntimeError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
+            self.node_of[int(reply.content["config"]["client"])] = reply.metadata.src_node_id
+
+    def start(self, grid: Grid, num_rounds: int,
+              on_round: Callable[[int, Any], None] | None = None) -> Tensor:
+        """Run ``num_rounds`` rounds of the algorithm over ``grid``; ``on_round(done,
+        record)`` after each.  Returns every node's personalised model ``[N, d]``."""
+        self.connect(grid)
+        for round_index in range(num_rounds):
+            self.round_index = round_index
+            record = self.algorithm.step(round_index)
+            if on_round is not None:
+                on_round(round_index + 1, record)
+        return self.algorithm.client_models()
+
+
+def make_strategy(method: Any, config: ExperimentConfig, seed: int, task: Any, timeout: float = 600.0) -> Any:
+    """A :class:`RobustStrategy` that is also a ``flwr.serverapp.strategy.Strategy``
+    (the class is made when flwr is importable, so this module imports without it)."""
+    require_flwr()
+    cls = type("FlowerRobustStrategy", (RobustStrategy, _strategy_base()), {})
+    return cls(method, config, seed, task, timeout)
+
+
+def _array(tensor: Tensor) -> Any:
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(tensor.detach().cpu().numpy()))
+
+
+# -- the nodes ----------------------------------------------------------------------------
+#: Per actor process: each seed's task, and each node's state (``node_state``).
+_TASKS: dict[tuple[str, int], Any] = {}
+_NODES: dict[tuple[str, int, int], "NodeState"] = {}
+
+
+def _node_task(config: ExperimentConfig, key: str, seed: int) -> Any:
+    """The run's task for ``seed`` as a node builds it (in simulation every node builds
+    the deal and keeps only its own row: the same data the simulator deals)."""
+    from robust_pfl.experiments import build_task
+
+    if (key, seed) not in _TASKS:
+        _TASKS.clear()
+        _TASKS[(key, seed)] = build_task(config, seed)
+    return _TASKS[(key, seed)]
+
+
+@dataclass
+class NodeState:
+    """What one node holds: its data (poisoned if it runs a data attack), its
+    objective, and when Byzantine its attack and generator."""
+
+    client: int
+    inputs: Tensor
+    targets: Tensor
+    objective: Any
+    attack: Any
+    generator: torch.Generator | None
+    cluster: int
+
+
+def node_state(config: ExperimentConfig, key: str, seed: int, client: int) -> NodeState:
+    """Node ``client``'s state for ``seed`` (cached per actor process under ``key``,
+    the config's JSON)."""
+    import attacks
+
+    if (key, seed, client) in _NODES:
+        return _NODES[(key, seed, client)]
+    task = _node_task(config, key, seed)
+    inputs, targets = task.train.inputs[client], task.train.targets[client]
+    byzantine = bool(task.byzantine[client])
+    attack = attacks.build(config.attack.name, config.attack.options()) if byzantine else None
+    if attack is not None and not attack_on_node(attack):
+        attack = None  # the strategy applies it
+    if attack is not None and attack.poison is not None:
+        targets = attack.poison(targets.clone(), task.num_classes).to(targets.dtype)
+    generator = make_generator(seed, f"attack/node{client}") if attack is not None else None
+    state = NodeState(client, inputs, targets, task.objective, attack, generator, int(task.cluster_ids[client]))
+    _NODES[(key, seed, client)] = state
+    return state
+
+
+def answer(state: NodeState, kind: str, models: Tensor, index: Tensor, round_index: int, attack: bool = True
+           ) -> Tensor:
+    """A node's reply: its gradient (``[M, d]``) or loss (``[M]``) at each of
+    ``models`` on its samples ``index``, after its own attack when it has one and
+    ``attack`` (the strategy's request) says so."""
+    batch = Batch(state.inputs[index].unsqueeze(0), state.targets[index].unsqueeze(0))
+    models = models.to(state.inputs.dtype)
+    if kind == "loss":
+        return state.objective.cross_losses(models, batch)[:, 0]
+    grads = state.objective.cross_gradients(models, batch)  # [M, 1, d]
+    attack = state.attack if attack else None
+    if attack is None or attack.poison is not None:
+        return grads[:, 0]
+    context = AttackContext(round_index=round_index, kind="gradient", byzantine=torch.ones(1, dtype=torch.bool),
+                            cluster_ids=torch.tensor([state.cluster]), generator=state.generator,
+                            receivers=None, senders=None, defense_state={})
+    return attack(grads, context)[:, 0].to(grads.dtype)
+
+
+def make_client_app(config: ExperimentConfig) -> Any:
+    """The ``ClientApp`` every node runs: it answers the strategy's requests with its
+    own data (``partition-id`` of its node config is its client index)."""
+    require_flwr()
+    from flwr.app import ArrayRecord as Arrays, ConfigRecord as Configs, Context, Message as Msg, RecordDict
+    from flwr.clientapp import ClientApp
+
+    config_json = config.model_dump_json()
+    app = ClientApp()
+
+    @app.query("robust_pfl")
+    def robust_pfl_query(message: Msg, context: Context) -> Msg:
+        torch.set_num_threads(1)
+        settings = message.content["config"]
+        client = int(context.node_config["partition-id"])
+        if settings["kind"] == "hello":
+            return Msg(RecordDict({"config": Configs({"client": client, "row": 0})}), reply_to=message)
+        state = node_state(config, config_json, int(settings["seed"]), client)
+        models = torch.from_numpy(message.content["models"]["x"].numpy().copy())
+        index = torch.tensor(list(settings["index"]), dtype=torch.long)
+        reply = answer(state, str(settings["kind"]), models, index, int(settings["round"]), bool(settings["attack"]))
+        content = RecordDict({"reply": Arrays({"y": _array(reply)}),
+                              "config": Configs({"row": int(settings["row"])})})
+        return Msg(content, reply_to=message)
+
+    return app
+
+
+# -- a whole run ---------------------------------------------------------------------------
+def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = False) -> dict[str, Any]:
+    """Every method × seed of ``run`` as one Flower simulation
+    (``flwr.simulation.run_simulation``, one ``ClientApp`` node per client), evaluated
+    and written as ``robust-pfl run`` writes (:func:`robust_pfl.results.write_results`:
+    ``summary.json`` and ``history.csv``)."""
+    require_flwr()
+    from flwr.serverapp import ServerApp
+    from flwr.simulation import run_simulation
+
+    from robust_pfl.experiments import build_task, honest_means
+    from robust_pfl.provenance import provenance
+    from robust_pfl.results import ResultTable, write_results
+
+    config = run.config
+    table = ResultTable()
+    models: dict[tuple[str, int], Tensor] = {}
+    traffic: dict[str, dict[str, int]] = {}
+    failure: list[BaseException] = []
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Any, context: Any) -> None:
+        try:
+            for seed in config.seeds:
+                task = build_task(config, seed)
+                evaluation = task.to(torch.device(config.device))
+                for method in config.methods:
+                    strategy = make_strategy(method, config, seed, task, run.options.timeout_s)
+                    table.add(method.display, seed, 0, honest_means(evaluation, strategy.algorithm))
+
+                    def on_round(done: int, record: Any, strategy: Any = strategy, method: Any = method,
+                                 seed: int = seed, evaluation: Any = evaluation) -> None:
+                        if done % config.eval_every == 0 or done == config.rounds:
+                            table.add(method.display, seed, done, honest_means(evaluation, strategy.algorithm, record))
+
+                    final = strategy.start(grid, config.rounds, on_round)
+                    models[(method.display, seed)] = final.clone()
+                    traffic[f"{method.display} seed={seed}"] = {"bytes_to_nodes": strategy.bytes_sent,
+                                                                "bytes_from_nodes": strategy.bytes_received}
+        except BaseException as error:  # surfaced after the simulation returns
+            failure.append(error)
+            raise
+
+    start = time.perf_counter()
+    backend = {"client_resources": {"num_cpus": run.options.cpus_per_node, "num_gpus": 0.0}}
+    run_simulation(server_app=server_app, client_app=make_client_app(config), num_supernodes=run.clients,
+                   backend_config=backend, verbose_logging=verbose)
+    if failure:
+        raise failure[0]
+    if len(models) != len(config.methods) * len(config.seeds):
+        raise RuntimeError("the Flower simulation ended before every method and seed ran (see its log)")
+    seconds = time.perf_counter() - start
+    extra = {"config": config.model_dump(mode="json"), "flower": run.options.model_dump(mode="json") | {
+             "traffic": traffic}, "provenance": provenance(config.device, torch.get_num_threads(), seconds)}
+    summary = write_results(table, Path(out_dir), extra) if out_dir is not None else {"final": table.final(), **extra}
+    summary["models"] = models  # not written: for callers (the equivalence test)
+    return summary
