@@ -87,6 +87,23 @@ def test_the_quickstart_config_loads() -> None:
     assert run.clients == 10
 
 
+def test_a_few_flower_rounds_give_the_simulator_honest_models(tmp_path: Path) -> None:
+    """The equivalence of the slow test below on 3 rounds, in the default test run:
+    Global + median, FC with 2 groups and MC under large gradients sent by the
+    Byzantine nodes; the honest models are bit-identical to the simulator's."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
+    from robust_pfl.experiments import build_task
+    from robust_pfl.flower import load_flower_config, run_flower
+
+    data = copy.deepcopy(SMALL) | {"rounds": 3, "eval_every": 3}
+    run = load_flower_config(copy.deepcopy(data))
+    summary = run_flower(run, tmp_path)
+    simulated = simulated_models(data)
+    byzantine = build_task(run.config, 0).byzantine
+    for method in run.config.methods:
+        assert honest_gap(summary["models"][(method.display, 0)], simulated[method.display], byzantine) == 0.0
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", [
     {"name": "large_gradient", "mean": 1e6, "std": 200.0},   # on the Byzantine nodes
