@@ -51,7 +51,6 @@ import math
 from collections.abc import Callable
 from typing import Annotated
 
-import numpy as np
 import torch
 from pydantic import Field
 from torch import Tensor
@@ -61,10 +60,9 @@ from defenses.robust_aggregators import (
     Rows,
     _ByzantineBudget,
     _masked_mean,
-    _sorted_columns,
     _weighted_sum,
     aggregator_options,
-    coordinate_median,
+    mean_nearest_median,
     register,
     row_norms,
 )
@@ -100,14 +98,6 @@ def _budget_check(agg: _ByzantineBudget, n: int) -> int:
 def _per_problem_f(agg: _ByzantineBudget, rows: Rows) -> Tensor:
     """Per-problem ``f``: the configured one, at most ``(count - 1) // 2``."""
     return agg._budget(rows.count, (rows.count - 1) // 2)
-
-
-def _stable_argsort_rows(values: Tensor) -> Tensor:
-    """Stable argsort of ``values[..., N, d]`` along the rows (NumPy's on the CPU:
-    torch sorts each strided column on its own, see :func:`sort_columns`)."""
-    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64) and not values.requires_grad:
-        return torch.from_numpy(np.argsort(values.numpy(), axis=-2, kind="stable"))
-    return values.argsort(dim=-2, stable=True)
 
 
 def _subset_search(
@@ -341,16 +331,7 @@ class Meamed(_ByzantineBudget):
         _budget_check(self, n)
 
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        count = rows.count
-        ordered = _sorted_columns(rows)  # ascending, inadmissible (+inf) last
-        median = coordinate_median(rows)
-        position = torch.arange(ordered.shape[-2], device=ordered.device).unsqueeze(-1)  # [N, 1]
-        valid = position < count[..., None, None]
-        distance = torch.where(valid, (ordered - median.unsqueeze(-2)).abs(), torch.full_like(ordered, math.inf))
-        nearest = ordered.gather(-2, _stable_argsort_rows(distance))  # stable: the lower value first on ties
-        keep = count - _per_problem_f(self, rows)
-        kept = torch.where(position < keep[..., None, None], nearest, torch.zeros_like(nearest))
-        return kept.sum(-2) / keep.clamp_min(1).to(kept.dtype).unsqueeze(-1)
+        return mean_nearest_median(rows, rows.count - _per_problem_f(self, rows))
 
 
 # -- CAF -----------------------------------------------------------------------------------

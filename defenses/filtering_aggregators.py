@@ -42,9 +42,9 @@ from defenses.robust_aggregators import (
     _masked_mean,
     aggregator_options,
     coordinate_median,
+    mean_nearest_median,
     register,
     row_norms,
-    sort_columns,
     squared_distances,
 )
 
@@ -208,32 +208,7 @@ class Bulyan(_ByzantineBudget):
             chosen = (index == pick) & remaining & (step < theta).unsqueeze(-1)
             selected = selected | chosen
             remaining = remaining & ~chosen
-        return _closest_to_median_mean(values, selected, theta, beta)
-
-
-def _closest_to_median_mean(values: Tensor, selected: Tensor, theta: Tensor, beta: Tensor) -> Tensor:
-    """Per coordinate, the mean of the ``beta`` values of the ``selected`` rows (``theta``
-    of them) closest to their median.  On a line those values are consecutive in
-    sorted order: the window ``[lo, lo + beta)`` (``0 <= lo <= theta - beta``) whose
-    farthest value from the median is nearest (ties: the lowest ``lo``), found by one
-    sort of the columns instead of an argsort by distance."""
-    n = values.shape[-2]
-    median = coordinate_median(Rows(values, selected, theta))  # [..., d]
-    hidden = torch.where(selected.unsqueeze(-1), values, torch.full_like(values, math.inf))
-    ordered = sort_columns(hidden)  # selected values first, per coordinate
-    slack = theta - beta  # candidate starts 0 .. slack
-    starts = int(slack.max()) + 1 if slack.numel() else 1
-    lo = torch.arange(min(starts, n), device=values.device)  # [L]
-    last = (lo + (beta - 1).unsqueeze(-1)).clamp(0, max(n - 1, 0))  # [..., L]
-    low = ordered[..., : lo.shape[0], :]
-    high = ordered.gather(-2, last.unsqueeze(-1).expand(*last.shape, values.shape[-1]))
-    reach = torch.maximum(median.unsqueeze(-2) - low, high - median.unsqueeze(-2))  # [..., L, d]
-    valid = (lo <= slack.unsqueeze(-1)).unsqueeze(-1)
-    best = torch.where(valid, reach, torch.full_like(reach, math.inf)).argmin(-2)  # first: lowest lo
-    position = torch.arange(n, device=values.device).unsqueeze(-1)  # [N, 1]
-    keep = (position >= best.unsqueeze(-2)) & (position < (best + beta.unsqueeze(-1)).unsqueeze(-2))
-    total = torch.where(keep, ordered, torch.zeros_like(ordered)).sum(-2)
-    return total / beta.clamp_min(1).to(values.dtype).unsqueeze(-1)
+        return mean_nearest_median(Rows(values, selected, theta), beta)
 
 
 # -- DnC ---------------------------------------------------------------------------------------
@@ -467,6 +442,7 @@ class Flame(Aggregator):
         out = _clipped_mean(values, norms, bound, chosen)
         if self.lam > 0:
             stream = _stream(generator)
-            noise = torch.randn(out.shape, generator=stream, dtype=F64, device=stream.device).to(out.device)
+            # one draw of d for every problem, so a batched block aggregates as it does alone
+            noise = torch.randn(out.shape[-1], generator=stream, dtype=F64, device=stream.device).to(out.device)
             out = out + (noise * (self.lam * bound.to(F64)).unsqueeze(-1)).to(out.dtype)
         return out

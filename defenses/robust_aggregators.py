@@ -105,6 +105,29 @@ def sort_columns(values: Tensor) -> Tensor:
     return values.sort(dim=-2).values
 
 
+def stable_argsort_rows(values: Tensor) -> Tensor:
+    """Stable argsort of ``values[..., N, d]`` along the rows (NumPy's on the CPU:
+    torch sorts each strided column on its own, see :func:`sort_columns`)."""
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64) and not values.requires_grad:
+        return torch.from_numpy(np.argsort(values.numpy(), axis=-2, kind="stable"))
+    return values.argsort(dim=-2, stable=True)
+
+
+def mean_nearest_median(rows: Rows, keep: Tensor) -> Tensor:
+    """Per coordinate, the mean of the ``keep[...]`` admissible values nearest the
+    coordinate-wise median (ties in distance: the lower value first, so the result
+    does not depend on the rows' order): the last step of Meamed (Xie, Koyejo, Gupta
+    2018) and of Bulyan (El Mhamdi et al. 2018, with the Krum-selected rows)."""
+    ordered = _sorted_columns(rows)  # ascending, inadmissible (+inf) last
+    median = coordinate_median(rows)
+    position = torch.arange(ordered.shape[-2], device=ordered.device).unsqueeze(-1)  # [N, 1]
+    valid = position < rows.count[..., None, None]
+    distance = torch.where(valid, (ordered - median.unsqueeze(-2)).abs(), torch.full_like(ordered, math.inf))
+    nearest = ordered.gather(-2, stable_argsort_rows(distance))  # stable: the lower value first on ties
+    kept = torch.where(position < keep[..., None, None], nearest, torch.zeros_like(nearest))
+    return kept.sum(-2) / keep.clamp_min(1).to(kept.dtype).unsqueeze(-1)
+
+
 def _mean_of_order_statistics(
     ordered: Tensor, count: Tensor, low: Tensor, high: Tensor, consume: bool = False
 ) -> Tensor:

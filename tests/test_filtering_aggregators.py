@@ -241,11 +241,19 @@ def test_flame_agrees_with_reference(seed):
         np.testing.assert_allclose(out[i].numpy(), flame_reference(rows), rtol=1e-10, atol=1e-12)
 
 
+def test_bulyan_averages_the_values_nearest_the_median_on_ties():
+    """Hand-computed, with tied values (identical attacker rows make ties ordinary):
+    Krum with f = 1 keeps {-3, -3, 0, 1, 3}; the beta = 3 values nearest their median 0
+    are 0, 1 and one -3, mean -2/3 (not the window -3, -3, 0)."""
+    x = torch.tensor([[-3.0], [-3.0], [0.0], [1.0], [3.0], [100.0], [-100.0]], dtype=F64)
+    torch.testing.assert_close(make_aggregator({"name": "bulyan", "f": 1})(x), torch.tensor([-2.0 / 3.0], dtype=F64))
+
+
 def test_flame_noise_is_lambda_times_the_bound():
     x, kept = batch_with_hostile_rows(7, 2, 9, 4)
     plain = make_aggregator("flame")(x)
     noisy = make_aggregator({"name": "flame", "lam": 0.5})(x, generator=seeded(11))
-    noise = torch.randn(2, 4, generator=seeded(11), dtype=F64)
+    noise = torch.randn(4, generator=seeded(11), dtype=F64)  # one draw, shared by the problems
     bound = torch.tensor([np.median(np.linalg.norm(rows, axis=1)) for rows in kept], dtype=F64)
     torch.testing.assert_close(noisy - plain, 0.5 * bound.unsqueeze(-1) * noise, rtol=1e-10, atol=1e-12)
 
@@ -276,7 +284,7 @@ def test_registered_with_reference_and_summary():
         assert cls.summary and cls.reference and cls.__doc__
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [*NAMES, {"name": "flame", "lam": 0.001}])
 def test_conformance(name):
     check_aggregator(name)
 
