@@ -45,7 +45,9 @@ server; see ``docs/flower.md`` for what is not wrapped and why.
 
 from __future__ import annotations
 
+import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
@@ -224,17 +226,6 @@ class RemoteFederation(Federation):
     def dtype(self) -> torch.dtype:
         return self.param_dtype
 
-    def sample_batch(self, reuse: bool = False) -> Batch:
-        """This round's batch schedule, drawn like :meth:`ClientData.sample` draws
-        (the same ``batches`` stream, hence the simulator's samples)."""
-        n_clients, n = self.train.inputs.shape[:2]
-        if self.batch_size is None or self.batch_size >= n:
-            return Batch(self.train.inputs, self.train.targets)
-        keys = torch.rand(n_clients, n, generator=self._batch_rng, device=self._batch_rng.device)
-        index = keys.argsort(dim=1)[:, : self.batch_size].to(self.device)
-        owner = torch.arange(n_clients, device=self.device).unsqueeze(1).expand_as(index)
-        return Batch(index, owner)
-
     def _ask(self, kind: str, models: Callable[[int], Tensor], batch: Batch) -> list[Tensor]:
         if self.exchange is None:
             raise RuntimeError("RemoteFederation needs an exchange (RobustStrategy sets it)")
@@ -317,6 +308,9 @@ class RobustStrategy:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._pending: list[tuple[int, Tensor, Tensor]] = []
+        self._kind = "gradient"
+        #: replies that were missing, failed or malformed (each became a NaN row)
+        self.bad_replies = 0
 
     # Flower's Strategy interface --------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -339,16 +333,33 @@ class RobustStrategy:
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[list[Tensor], None]:
-        """The replies' vectors in request order (raises on a node's error)."""
+        """The replies' vectors in request order.  A reply is filed under the row its
+        sender was asked for (Flower's ``src_node_id``, not the row the reply names),
+        and a missing reply, a node's error, or a reply of the wrong shape becomes a
+        NaN row, which every defense drops as inadmissible: a node that fails or lies
+        can neither overwrite another node's reply nor stop the round (each such row
+        is counted in ``bad_replies`` and warned about)."""
+        requests = self._pending
+        row_of = {self.node_of[client]: row for row, (client, _, _) in enumerate(requests)}
+        shapes = [tuple(models.shape[:1]) if self._kind == "loss" else tuple(models.shape) for _, models, _ in requests]
         out: dict[int, Tensor] = {}
         for reply in replies:
-            if reply.has_error():
-                raise RuntimeError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
-            row = int(reply.content["config"]["row"])
-            array = reply.content["reply"]["y"]
-            self.bytes_received += array.numpy().nbytes
-            out[row] = torch.from_numpy(array.numpy().copy())
-        return [out[row] for row in range(len(out))], None
+            row = row_of.get(reply.metadata.src_node_id)
+            if row is None or row in out or reply.has_error():
+                continue
+            array = reply.content["reply"]["y"].numpy()
+            self.bytes_received += array.nbytes
+            value = torch.from_numpy(array.copy())
+            if tuple(value.shape) == shapes[row] and value.is_floating_point():
+                out[row] = value
+        missing = [row for row in range(len(requests)) if row not in out]
+        if missing:
+            self.bad_replies += len(missing)
+            clients = [requests[row][0] for row in missing]
+            warnings.warn(f"round {server_round}: no usable reply from the nodes of clients {clients}; their rows "
+                          "are NaN, which the defenses drop", RuntimeWarning, stacklevel=2)
+        nan = torch.tensor(math.nan, dtype=torch.float32)
+        return [out[row] if row in out else nan.expand(shapes[row]).clone() for row in range(len(requests))], None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                            ) -> Iterable[Message]:
@@ -369,12 +380,9 @@ class RobustStrategy:
         from flwr.app import ArrayRecord as Arrays, ConfigRecord as Configs
 
         self.bytes_sent += sum(m.numel() * m.element_size() for _, m, _ in requests)
-        self._pending = requests
+        self._pending, self._kind = requests, kind
         messages = self.configure_train(self.round_index, Arrays(), Configs({"kind": kind}), self.grid)
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        if len(replies) != len(requests):
-            raise RuntimeError(f"{len(requests) - len(replies)} of {len(requests)} nodes did not reply "
-                               f"within {self.timeout} s")
         return self.aggregate_train(self.round_index, replies)[0]
 
     def connect(self, grid: Grid) -> None:
