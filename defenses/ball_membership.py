@@ -23,8 +23,8 @@ ROUNDING_SLACK = 4.0
 
 # The tie rule's tolerance, in units of the dtype's epsilon times ``||z_j||`` plus the
 # centre's spread (see ``next_spread``): well above the distance error of a centre moved
-# by rounded sums for tens of rounds (a few units each), and below any separation the
-# data resolve.
+# by rounded sums for tens of rounds (a few units each).  For points far from the origin
+# relative to their spread it widens the balls noticeably (docs/design.md, "The tie rule").
 TIE_ULPS = 64.0
 
 

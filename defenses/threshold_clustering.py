@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import partial
 from typing import Callable, Literal
 
 import torch
@@ -133,11 +132,11 @@ def threshold_clustering(
         rounds: number of rounds ``M`` (the paper uses 10); 0, or no points, returns
             the starting centres.
         method: ``"direct"``, ``"gram"`` or ``"pairwise"`` (see module docstring).
-        final_distances: also return every point's distance to the final centres
-            (nearly free with ``"gram"`` and ``"pairwise"``).
+        final_distances: also return every point's distance to the final centres,
+            from coordinates whatever the method (one more pass over the points for
+            ``"gram"`` and ``"pairwise"``).
         nearest: also return every point's nearest final centre (Alg. 4's
-            assignment).  With ``"gram"`` only the points whose nearest centre their
-            distance intervals leave open are read.
+            assignment), from those distances.
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -180,14 +179,16 @@ def threshold_clustering(
         norms = torch.where(admissible, norms, 0.0)
     final = "exact" if final_distances else "nearest" if nearest else None
     if pairwise is not None:
-        result = ClusteringResult(
-            *run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, final is not None)
-        )
+        result = ClusteringResult(*run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, False))
     elif products is None:
         result = _run_direct(clean, start, admissible, norms.sqrt(), policy, rounds, final)
     else:
-        result = _run_gram(clean, start, admissible, norms, products, policy, rounds, final, live)
+        result = _run_gram(clean, start, admissible, norms, products, policy, rounds)
     distances = result.distances
+    if final is not None and distances is None:
+        # from coordinates, as direct computes them: inner products would leave near
+        # ties of the nearest centre to rounding (docs/design.md, "The tie rule")
+        distances = _direct_distances(result.centres, clean, admissible)
     if distances is not None and not all_live:
         distances = torch.where(live.unsqueeze(-1), distances, math.inf)
     result = ClusteringResult(
@@ -261,17 +262,6 @@ def _norms_and_products(z: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
     return norms, products.transpose(1, 2)
 
 
-def _nearest_undecided(live: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
-    """``[B, K, N]``: for the points whose nearest live centre the intervals leave
-    open, the centres that may be nearest.  A centre whose ``lower`` exceeds the
-    smallest ``upper`` is never nearest, so a point with a single remaining candidate
-    has it as nearest centre wherever its distances lie within their intervals."""
-    dead = ~live.unsqueeze(-1)
-    lower, upper = lower.masked_fill(dead, math.inf), upper.masked_fill(dead, math.inf)
-    candidate = lower <= upper.amin(dim=-2, keepdim=True)
-    return candidate & (candidate.sum(dim=-2, keepdim=True) >= 2)
-
-
 def _run_direct(
     z: Tensor,
     v: Tensor,
@@ -311,8 +301,6 @@ def _run_gram(
     products: Tensor,
     policy: RadiusPolicy,
     rounds: int,
-    final: str | None,
-    live: Tensor,
 ) -> ClusteringResult:
     """Eq. 24 evaluated through inner products, reading only the points a round needs.
 
@@ -324,10 +312,6 @@ def _run_gram(
     points whose exact distance the round needs (those near its order statistics or
     its radius); only they are read.  When they are many, one product with all points
     makes every distance exact again.  See :class:`_CentreDots`.
-
-    ``final``: ``"exact"`` adds the final distances; ``"nearest"`` adds distances that
-    are exact only where the intervals leave the nearest ``live`` centre open, and
-    decide it everywhere.
     """
     k = v0.shape[1]
     dots = _CentreDots(z, norms, admissible, v0, products)
@@ -349,12 +333,7 @@ def _run_gram(
             change = entered.to(z.dtype) - inside.to(z.dtype)  # [B, K, N], entries 0 / +-1
         inside = entered
         dots.step(change, inside)
-    distances = None
-    if final == "exact":
-        distances = dots.distances(None)
-    elif final == "nearest":
-        distances = dots.distances(partial(_nearest_undecided, live))
-    return ClusteringResult(dots.centres, inside, tau, distances)
+    return ClusteringResult(dots.centres, inside, tau)
 
 
 # A round reads the rows whose distance it needs; when that is more than this share
