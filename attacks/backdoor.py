@@ -66,6 +66,7 @@ class Backdoor(AttackBase):
     :meth:`part_masks`)."""
 
     needs: ClassVar[frozenset[str]] = frozenset({"data"})
+    backdoor: ClassVar[bool] = True
 
     # -- the trigger ----------------------------------------------------------------------
     def trigger_mask(self, height: int, width: int) -> Tensor:

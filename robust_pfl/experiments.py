@@ -248,7 +248,7 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
 def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(mean, std)`` of an image task's normalisation when the attack stamps a
     pixel-space trigger (a backdoor, with ``stamp_trigger``); else ``None``."""
-    if getattr(attack, "stamp_trigger", None) is None or not isinstance(config.task, ImageTaskConfig):
+    if attack is None or not attack.backdoor or not isinstance(config.task, ImageTaskConfig):
         return None
     builder = config.task.builder()
     data = _dataset(builder.dataset, builder.data_dir)
@@ -258,7 +258,7 @@ def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, t
 def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, str], ConfigError]) -> None:
     """A backdoor's ``target`` must be a class of the data set and its trigger must fit
     in the images (checked at load, not when the federation is built)."""
-    if getattr(attack, "stamp_trigger", None) is None or not isinstance(config.task, ImageTaskConfig):
+    if attack is None or not attack.backdoor or not isinstance(config.task, ImageTaskConfig):
         return
     data = _dataset(config.task.dataset, config.task.data_dir)
     try:
@@ -275,11 +275,10 @@ def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Te
     image are left out); ``{}`` for any other attack."""
     federation = algorithm.federation
     attack = federation.attack
-    stamp = getattr(attack, "stamp_trigger", None)
-    if stamp is None or task.num_classes is None:
+    if attack is None or not attack.backdoor or task.num_classes is None:
         return {}
     attack.check_target(task.num_classes)
-    inputs = stamp(task.test.inputs, federation.pixel_stats)
+    inputs = attack.stamp_trigger(task.test.inputs, federation.pixel_stats)
     if algorithm.predict_log_proba is not None:
         log_probs = algorithm.predict_log_proba(inputs)
     else:

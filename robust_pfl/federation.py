@@ -113,15 +113,14 @@ class Federation:
         rows (a trigger stamped on a share of their images, relabelled to its target);
         the images chosen come from the run's ``attack/backdoor`` stream, drawn afresh
         from the seed at every (re-)deal."""
-        poison = getattr(self.attack, "poison_samples", None)
-        if poison is None or not bool(self.byzantine.any()):
+        if self.attack is None or not self.attack.backdoor or not bool(self.byzantine.any()):
             return inputs, targets
         if self.num_classes is None:
             raise ValueError(f"attack {self.attack.name!r} plants a backdoor: it needs an image "
                              "classification task (num_classes), not a regression task")
         rows = self.byzantine.to(inputs.device).bool()
-        stamped, labels = poison(inputs[rows], targets[rows], self.num_classes, self.pixel_stats,
-                                 make_generator(self.seed, "attack/backdoor"))
+        stamped, labels = self.attack.poison_samples(inputs[rows], targets[rows], self.num_classes,
+                                                     self.pixel_stats, make_generator(self.seed, "attack/backdoor"))
         inputs, targets = inputs.clone(), targets.clone()
         inputs[rows] = stamped.to(inputs.dtype)
         targets[rows] = labels.to(targets.dtype)

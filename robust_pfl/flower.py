@@ -57,7 +57,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import Tensor
 
-from robust_pfl.config import ConfigError, ExperimentConfig, config_error, parse_config, parse_toml, validation_problems
+from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, config_error, parse_config, parse_toml, validation_problems
 from robust_pfl.data import Batch, ClientData
 from robust_pfl.federation import Federation
 from robust_pfl.seeding import generator as make_generator
@@ -165,13 +165,13 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
     import attacks
 
     built = attacks.build(attack, config.attack.options())
-    if getattr(built, "poison_samples", None) is not None:
+    if built is not None and built.backdoor:
         problems.append(("attack.name", f"must not be a backdoor (its trigger needs pixel statistics the nodes "
                                         f"do not share), got {attack!r}"))
     if config.theory is not None:
         problems.append(("theory", "must be absent in a Flower run (its estimates read every client's data "
                                    "on the server), got a [theory] table"))
-    if getattr(config.task, "reshuffle_every_epoch", False):
+    if isinstance(config.task, ImageTaskConfig) and config.task.reshuffle_every_epoch:
         problems.append(("task.reshuffle_every_epoch", "must be false in a Flower run (re-dealing moves data "
                                                        "between nodes), got true"))
     if problems:

@@ -82,6 +82,10 @@ class AttackBase(ABC):
     write_rows: ClassVar[Callable[..., None] | None] = None
     write_from: ClassVar[Callable[..., None] | None] = None
     poison: ClassVar[Callable[[Tensor, int], Tensor] | None] = None
+    #: A backdoor (:class:`attacks.backdoor.Backdoor`): its ``poison_samples`` stamps a
+    #: trigger on the Byzantine clients' training samples, and evaluation stamps the
+    #: whole trigger (``stamp_trigger``) to record the attack success rate.
+    backdoor: ClassVar[bool] = False
 
     def check_reported_models(self, models: int) -> None:
         """Raise ``ValueError`` if the attack cannot forge loss reports on ``models``
