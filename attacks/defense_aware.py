@@ -22,7 +22,8 @@ ideas on the messages the federation delivers (both omniscient):
   is the defense).
 
 Attacks never import :mod:`defenses`: the clustering rule used when no probe is
-offered is written here (:func:`average_linkage_two`).
+offered is the defense's own, from the module both share
+(:func:`robust_pfl.linkage.agglomerate`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from torch import Tensor
 
 from attacks._stats import byzantine_count, expand_rows, honest_rows, norm, unit
 from attacks.base import attack_options, register
+from robust_pfl.linkage import agglomerate, largest_cluster
 from robust_pfl.types import AttackBase, AttackContext
 
 F64 = torch.float64
@@ -48,8 +50,11 @@ PROBE_TURN = 1e-4
 # -- honest statistics over the admissible (finite) honest rows ------------------------------
 def admissible_rows(rows: Tensor) -> Tensor:
     """``[..., H]`` bool: rows whose every coordinate and squared norm are finite (the
-    rows a robust aggregator keeps at all)."""
-    return torch.isfinite(rows).all(dim=-1) & torch.isfinite(rows.to(F64).square().sum(dim=-1))
+    rows a robust aggregator keeps at all), the squared norm taken in the rows' dtype
+    (float32 for float16 and bfloat16) as the defenses take it: a float32 row of norm
+    past 1.8e19 is dropped by them, so it is here."""
+    wide = rows.float() if rows.dtype in (torch.float16, torch.bfloat16) else rows
+    return torch.isfinite(rows).all(dim=-1) & torch.isfinite(wide.square().sum(dim=-1))
 
 
 def masked_mean(rows: Tensor, mask: Tensor) -> Tensor:
@@ -70,52 +75,6 @@ def masked_median(values: Tensor, mask: Tensor) -> Tensor:
 
 
 # -- ClippedClustering -----------------------------------------------------------------------
-def average_linkage_two(distance: Tensor, present: Tensor) -> Tensor:
-    """Agglomerative clustering of the ``present`` rows of ``distance[..., N, N]`` into
-    two clusters, average linkage (UPGMA), batched over the leading axes.
-
-    Every step merges, in each problem with more than two clusters, the closest pair
-    (ties: the lowest ``i * N + j``); a cluster is named by its lowest row.  The
-    distance of a merged cluster to another is the size-weighted mean of its parts'
-    (Lance and Williams' update for UPGMA).  Returns ``[..., N]`` the cluster of each
-    row (-1 for absent rows).  ``N - 2`` steps at most, each ``O(N^2)`` per problem."""
-    n = distance.shape[-1]
-    index = torch.arange(n, device=distance.device)
-    valid = present.unsqueeze(-1) & present.unsqueeze(-2) & (index.unsqueeze(-1) != index)
-    d = torch.where(valid, distance.to(F64), torch.full_like(distance, math.inf, dtype=F64))
-    size = present.to(F64)
-    cluster = torch.where(present, index, torch.full_like(index, -1).expand_as(present))
-    for _ in range(max(n - 2, 0)):
-        merging = (size > 0).sum(dim=-1) > 2
-        if not bool(merging.any()):
-            break
-        flat = d.flatten(-2).argmin(dim=-1)
-        first, second = torch.minimum(flat // n, flat % n), torch.maximum(flat // n, flat % n)
-        size_first = size.gather(-1, first.unsqueeze(-1))
-        size_second = size.gather(-1, second.unsqueeze(-1))
-        row_first = d.gather(-2, first[..., None, None].expand(*first.shape, 1, n)).squeeze(-2)
-        row_second = d.gather(-2, second[..., None, None].expand(*second.shape, 1, n)).squeeze(-2)
-        joined = (size_first * row_first + size_second * row_second) / (size_first + size_second)
-        is_first = (index == first.unsqueeze(-1)) & merging.unsqueeze(-1)
-        is_second = (index == second.unsqueeze(-1)) & merging.unsqueeze(-1)
-        joined = torch.where(is_first | is_second, math.inf, joined)
-        d = torch.where(is_first.unsqueeze(-1), joined.unsqueeze(-2), d)
-        d = torch.where(is_first.unsqueeze(-2), joined.unsqueeze(-1), d)
-        d = torch.where(is_second.unsqueeze(-1) | is_second.unsqueeze(-2), math.inf, d)
-        size = torch.where(is_first, size_first + size_second, torch.where(is_second, 0.0, size))
-        cluster = torch.where(merging.unsqueeze(-1) & (cluster == second.unsqueeze(-1)), first.unsqueeze(-1), cluster)
-    return cluster
-
-
-def in_larger_cluster(cluster: Tensor, rows: Tensor) -> Tensor:
-    """``[...]`` whether every row of the index list ``rows`` belongs to the larger
-    cluster of ``cluster[..., N]`` (ties: the cluster with the lowest row)."""
-    n = cluster.shape[-1]
-    sizes = (cluster.unsqueeze(-1) == torch.arange(n, device=cluster.device)).sum(dim=-2)  # [..., N]
-    larger = sizes.argmax(dim=-1, keepdim=True)  # first maximum: the lowest-named cluster
-    return (cluster.index_select(-1, rows) == larger).all(dim=-1)
-
-
 @register
 @attack_options
 class ClippedClusteringAttack(AttackBase):
@@ -141,7 +100,7 @@ class ClippedClusteringAttack(AttackBase):
       the aggregate (a filter that dropped them gives the same output for both: the
       test is exact for ClippedClustering unless the rows' membership, or which honest
       rows are kept, changes within that turn);
-    * else :func:`average_linkage_two` on the cosine distances of the delivered rows
+    * else :func:`robust_pfl.linkage.agglomerate` on the cosine distances of the delivered rows
       (clipping does not change directions), the Byzantine rows kept when they are in
       the larger cluster (ties: the one holding the lowest row), as ClippedClustering
       does.
@@ -248,8 +207,8 @@ class ClippedClusteringAttack(AttackBase):
             full[..., byzantine_index.unsqueeze(-1), honest_index] = cosine.unsqueeze(-2)
             same = torch.where(nonzero, 1.0, 0.0).to(F64)[..., None, None]
             full[..., byzantine_index.unsqueeze(-1), byzantine_index] = same
-            cluster = average_linkage_two(1.0 - full.clamp(-1.0, 1.0), present)
-            return in_larger_cluster(cluster, byzantine_index)
+            labels, sizes = agglomerate(1.0 - full.clamp(-1.0, 1.0), present, "average", clusters=2)
+            return largest_cluster(labels, sizes).index_select(-1, byzantine_index).all(dim=-1)
 
         return kept
 

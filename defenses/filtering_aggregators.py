@@ -47,6 +47,7 @@ from defenses.robust_aggregators import (
     row_norms,
     squared_distances,
 )
+from robust_pfl.linkage import absent_pairs, agglomerate, largest_cluster
 
 F64 = torch.float64
 
@@ -79,13 +80,6 @@ def _clipped_mean(values: Tensor, norms: Tensor, bound: Tensor, chosen: Tensor) 
     return total / chosen.sum(-1).clamp_min(1).to(values.dtype).unsqueeze(-1)
 
 
-def _absent_pairs(present: Tensor) -> Tensor:
-    """``[..., N, N]``: True on the diagonal and wherever a row or column is absent."""
-    n = present.shape[-1]
-    eye = torch.eye(n, dtype=torch.bool, device=present.device)
-    return eye | ~present.unsqueeze(-1) | ~present.unsqueeze(-2)
-
-
 def cosine_distances(rows: Rows) -> Tensor:
     """``[..., N, N]`` cosine distances ``1 - <x_i, x_j> / (||x_i|| ||x_j||)`` in
     float64 (in ``[0, 2]``); a zero row has cosine 0 (distance 1) with every row.
@@ -94,64 +88,6 @@ def cosine_distances(rows: Rows) -> Tensor:
     norms = torch.linalg.vector_norm(wide, dim=-1, keepdim=True)
     unit = wide / torch.where(norms > 0, norms, torch.ones_like(norms))
     return 1.0 - (unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)
-
-
-def agglomerate(distance: Tensor, present: Tensor, linkage: str, clusters: int = 2,
-                need: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """Batched agglomerative clustering of the ``present`` rows on a precomputed
-    ``distance[..., N, N]`` (``linkage``: ``"average"`` (UPGMA) or ``"single"``,
-    Lance-Williams updates).  Each step merges, in every unfinished problem, the
-    closest pair of clusters (ties: the lowest flat index ``i * N + j``); the merged
-    cluster keeps the smaller representative index (its lowest row).  A problem is
-    finished when it has at most ``clusters`` clusters, or, with ``need[...]``, as
-    soon as one cluster holds at least ``need`` rows.
-
-    Returns ``(labels[..., N], sizes[..., N])``: each present row's representative
-    (``-1`` for absent rows) and each representative's cluster size (0 elsewhere).
-    At most ``N - 1`` merge steps (a loop over steps, batched over problems), each
-    ``O(N^2)`` per problem: ``O(N^3)`` in all, meant for the tens to hundreds of
-    senders of a federation."""
-    if linkage not in ("average", "single"):
-        raise ValueError(f"linkage must be 'average' or 'single', got {linkage!r}")
-    n = distance.shape[-1]
-    index = torch.arange(n, device=distance.device)
-    d = torch.where(_absent_pairs(present), torch.full_like(distance, math.inf), distance.to(F64))
-    labels = torch.where(present, index, -1)
-    sizes = present.to(F64)
-    for _ in range(max(n - 1, 0)):
-        if need is None:
-            done = (sizes > 0).sum(-1) <= clusters
-        else:
-            done = sizes.amax(-1) >= need.to(F64)
-        if bool(done.all()):
-            break
-        best, flat = d.flatten(-2).min(-1)
-        go = ~done & torch.isfinite(best)
-        a, b = flat // n, flat % n
-        i, j = torch.minimum(a, b), torch.maximum(a, b)
-        row_i = d.gather(-2, i[..., None, None].expand(*i.shape, 1, n)).squeeze(-2)
-        row_j = d.gather(-2, j[..., None, None].expand(*j.shape, 1, n)).squeeze(-2)
-        s_i, s_j = sizes.gather(-1, i.unsqueeze(-1)), sizes.gather(-1, j.unsqueeze(-1))
-        if linkage == "average":
-            new = (s_i * row_i + s_j * row_j) / (s_i + s_j).clamp_min(1)
-        else:
-            new = torch.minimum(row_i, row_j)
-        is_i = (index == i.unsqueeze(-1)) & go.unsqueeze(-1)
-        is_j = (index == j.unsqueeze(-1)) & go.unsqueeze(-1)
-        new = torch.where((index == i.unsqueeze(-1)) | (index == j.unsqueeze(-1)), math.inf, new)  # self and absorbed
-        d = torch.where(is_i.unsqueeze(-1), new.unsqueeze(-2), d)
-        d = torch.where(is_i.unsqueeze(-2), new.unsqueeze(-1), d)
-        d = torch.where(is_j.unsqueeze(-1) | is_j.unsqueeze(-2), math.inf, d)
-        sizes = torch.where(is_i, s_i + s_j, torch.where(is_j, torch.zeros_like(sizes), sizes))
-        labels = torch.where(go.unsqueeze(-1) & (labels == j.unsqueeze(-1)), i.unsqueeze(-1), labels)
-    return labels, sizes
-
-
-def _largest_cluster(labels: Tensor, sizes: Tensor) -> Tensor:
-    """``[..., N]`` mask of the rows in the largest cluster (ties: the cluster with the
-    lowest representative, i.e. holding the lowest-index row)."""
-    biggest = sizes.argmax(-1, keepdim=True)  # first maximum
-    return labels == biggest
 
 
 # -- Bulyan ------------------------------------------------------------------------------------
@@ -192,7 +128,7 @@ class Bulyan(_ByzantineBudget):
         theta = count - 2 * f
         beta = theta - 2 * f
         squared = squared_distances(values).to(F64)
-        squared = torch.where(_absent_pairs(admissible) | torch.isnan(squared), math.inf, squared)
+        squared = torch.where(absent_pairs(admissible) | torch.isnan(squared), math.inf, squared)
         index = torch.arange(n, device=values.device)
         selected = torch.zeros_like(admissible)
         remaining = admissible.clone()
@@ -308,7 +244,7 @@ class ClippedClustering(Aggregator):
         if self.max_tau is not None:
             bound = bound.clamp_max(self.max_tau)
         labels, sizes = agglomerate(cosine_distances(rows), admissible, "average", clusters=2)
-        chosen = _largest_cluster(labels, sizes) & admissible
+        chosen = largest_cluster(labels, sizes) & admissible
         return _clipped_mean(values, norms, bound, chosen)
 
 
@@ -438,7 +374,7 @@ class Flame(Aggregator):
         bound = _masked_median(norms, admissible)
         need = count.div(2, rounding_mode="floor") + 1
         labels, sizes = agglomerate(cosine_distances(rows), admissible, "single", need=need)
-        chosen = _largest_cluster(labels, sizes) & admissible
+        chosen = largest_cluster(labels, sizes) & admissible
         out = _clipped_mean(values, norms, bound, chosen)
         if self.lam > 0:
             stream = _stream(generator)
