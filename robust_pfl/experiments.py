@@ -279,11 +279,7 @@ def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Te
         return {}
     attack.check_target(task.num_classes)
     inputs = attack.stamp_trigger(task.test.inputs, federation.pixel_stats)
-    if algorithm.predict_log_proba is not None:
-        log_probs = algorithm.predict_log_proba(inputs)
-    else:
-        outputs = task.objective.paired_outputs(models, Batch(inputs, task.test.targets))
-        log_probs = torch.log_softmax(outputs, dim=-1)
+    log_probs = task.log_probs(models, Batch(inputs, task.test.targets), algorithm.predict_log_proba)
     rates = attack_success_rate(log_probs, task.test.targets, attack.target)
     honest = ~task.byzantine.to(rates.device)
     return {"attack_success_rate": float(rates[honest].double().nanmean())}

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from robust_pfl.data import ClientData
+from robust_pfl.data import Batch, ClientData
 from robust_pfl.metrics import accuracy, negative_log_likelihood
 from robust_pfl.objectives import Objective
 from robust_pfl.placement import ByzantinePlacement
@@ -62,6 +62,14 @@ class Task:
             self.num_classes,
         )
 
+    def log_probs(self, models: Tensor, data: ClientData | Batch, predictor: Predictor | None = None) -> Tensor:
+        """``[N, b, C]`` class log-probabilities of each client's ``models[N, d]`` on
+        its rows of ``data``: ``predictor(data.inputs)`` when given (KNN-Per's
+        mixture), else ``log_softmax`` of the models' outputs."""
+        if predictor is not None:
+            return predictor(data.inputs)
+        return torch.log_softmax(self.objective.paired_outputs(models, data), dim=-1)
+
     def evaluate(self, models: Tensor, predictor: Predictor | None = None) -> dict[str, Tensor]:
         """Per-client metrics ``{name: [N]}`` of personalised ``models[N, d]``, each on
         the client's own split.
@@ -78,10 +86,7 @@ class Task:
             if self.num_classes is None:
                 metrics[f"{split}_loss"] = self.objective.paired_losses(models, data)
                 continue
-            if predictor is not None:
-                log_probs = predictor(data.inputs)
-            else:
-                log_probs = torch.log_softmax(self.objective.paired_outputs(models, data), dim=-1)
+            log_probs = self.log_probs(models, data, predictor)
             metrics[f"{split}_loss"] = negative_log_likelihood(log_probs, data.targets)
             metrics[f"{split}_accuracy"] = accuracy(log_probs, data.targets)
         if self.optima is not None:
