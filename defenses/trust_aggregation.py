@@ -37,7 +37,7 @@ from torch import Tensor
 from defenses.base import AlgorithmParams, RoundWork, register
 from defenses.baselines import Global
 from defenses.primitives import admissible_points, squared_norms
-from defenses.robust_aggregators import Aggregator
+from defenses.robust_aggregators import Aggregator, Rows
 from robust_pfl.data import ClientData
 from robust_pfl.federation import Federation
 from robust_pfl.seeding import generator as make_generator
@@ -45,15 +45,6 @@ from robust_pfl.types import RoundRecord
 
 #: FLTrust's root data set size in the paper's experiments (Sec. 5.1: 100 samples).
 PAPER_ROOT_SAMPLES = 100
-
-
-def _clean(messages: Tensor) -> tuple[Tensor, Tensor]:
-    """``(values, admissible)``: ``messages[..., N, d]`` with inadmissible rows (NaN,
-    Inf, overflowing squared norm) zeroed, and the ``[..., N]`` mask of the others."""
-    admissible = admissible_points(messages)
-    if bool(admissible.all()):
-        return messages, admissible
-    return torch.where(admissible.unsqueeze(-1), messages, torch.zeros_like(messages)), admissible
 
 
 def _safe_divide(numerator: Tensor, denominator: Tensor) -> Tensor:
@@ -78,7 +69,7 @@ def fltrust_aggregate(messages: Tensor, server: Tensor) -> tuple[Tensor, Tensor]
         ``(aggregate[..., d], trust_scores[..., N])``; the aggregate's norm is at most
         ``||g0||``, so it is finite whatever the rows hold.
     """
-    values, admissible = _clean(messages)
+    values, admissible, _ = Rows.of(messages)
     server = torch.broadcast_to(server.to(messages.dtype), (*messages.shape[:-2], messages.shape[-1]))
     server_ok = admissible_points(server.unsqueeze(-2)).squeeze(-1)
     server_values = torch.where(server_ok.unsqueeze(-1), server, torch.zeros_like(server))
@@ -215,7 +206,7 @@ def foolsgold_weights(histories: Tensor, confidence: float = 1.0) -> Tensor:
     ``alpha`` is 0 (each client has an exact twin) all weights are 0 (the rescaling's
     0/0).
     """
-    values, admissible = _clean(histories)
+    values, admissible, _ = Rows.of(histories)
     units = _safe_divide(values, squared_norms(values).sqrt().unsqueeze(-1))
     n = histories.shape[-2]
     eye = torch.eye(n, dtype=torch.bool, device=histories.device)
@@ -247,7 +238,7 @@ def foolsgold_aggregate(messages: Tensor, history: Tensor, confidence: float = 1
     Returns:
         ``(aggregate[..., d], weights[..., N])``.
     """
-    values, admissible = _clean(messages)
+    values, admissible, _ = Rows.of(messages)
     weights = torch.where(admissible, foolsgold_weights(history + messages, confidence), 0.0)
     total = weights.sum(-1, keepdim=True)
     aggregate = (weights.unsqueeze(-2) @ values).squeeze(-2)

@@ -440,6 +440,7 @@ def _node_task(config: ExperimentConfig, key: str, seed: int) -> Any:
 
     if (key, seed) not in _TASKS:
         _TASKS.clear()
+        _NODES.clear()  # their rows are views into the task just dropped
         _TASKS[(key, seed)] = build_task(config, seed)
     return _TASKS[(key, seed)]
 
