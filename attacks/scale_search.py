@@ -35,9 +35,34 @@ Z_GRID: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5,
 EPS_GRID: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0)
 
 
+class _GridOverBase(AttackBase):
+    """What both attacks share: an :class:`~attacks.search.Optimised` search over
+    ``base`` (its rows at a reference scale), built at construction, with each value
+    of the subclass's ``grid`` mapped to the wrapper's scale by :meth:`to_scale`."""
+
+    base: ClassVar[dict[str, Any]]
+
+    @staticmethod
+    def to_scale(value: float) -> float:
+        """The wrapper's scale of one ``grid`` value."""
+        return value
+
+    def __post_init__(self) -> None:
+        scales = tuple(self.to_scale(value) for value in self.grid)
+        object.__setattr__(self, "search", Optimised(base=self.base, scales=scales))
+
+    @property
+    def scales(self) -> tuple[float, ...]:
+        """The wrapper's scales, one per value of ``grid``."""
+        return tuple(self.search.scales)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        return self.search(messages, context)
+
+
 @register
 @attack_options
-class OptimalALIE(AttackBase):
+class OptimalALIE(_GridOverBase):
     """Optimal ALIE (ByzFL's ``Optimal_ALittleIsEnough``; ALIE is Baruch, Baruch &
     Goldberg, NeurIPS 2019): every Byzantine row is ``mean - z * std`` of the
     honest rows (sample std, as :class:`~attacks.statistical.ALIE`), with ``z`` the value
@@ -56,22 +81,12 @@ class OptimalALIE(AttackBase):
         Field(min_length=1, strict=False, description="the z values tried, in order (ties: the first)"),
     ] = Z_GRID
     search: Any = dataclasses.field(init=False, repr=False, compare=False)  # the optimised wrapper
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "search", Optimised(base={"name": "alie", "z": 1.0}, scales=self.grid))
-
-    @property
-    def scales(self) -> tuple[float, ...]:
-        """The wrapper's scales: the ``z`` values themselves."""
-        return tuple(self.search.scales)
-
-    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        return self.search(messages, context)
+    base: ClassVar[dict[str, Any]] = {"name": "alie", "z": 1.0}  # the wrapper's scale is z itself
 
 
 @register
 @attack_options
-class OptimalIPM(AttackBase):
+class OptimalIPM(_GridOverBase):
     """Optimal IPM (ByzFL's ``Optimal_InnerProductManipulation``; IPM is Xie, Koyejo &
     Gupta, "Fall of empires", UAI 2019): every Byzantine row is ``-eps * mean``
     of the honest rows, with ``eps`` the value of ``grid`` whose rows move the
@@ -90,15 +105,9 @@ class OptimalIPM(AttackBase):
         Field(min_length=1, strict=False, description="the eps values tried, in order (ties: the first)"),
     ] = EPS_GRID
     search: Any = dataclasses.field(init=False, repr=False, compare=False)  # the optimised wrapper
+    base: ClassVar[dict[str, Any]] = {"name": "ipm", "eps": 1.0}
 
-    def __post_init__(self) -> None:
-        scales = tuple((1.0 + eps) / 2.0 for eps in self.grid)
-        object.__setattr__(self, "search", Optimised(base={"name": "ipm", "eps": 1.0}, scales=scales))
-
-    @property
-    def scales(self) -> tuple[float, ...]:
-        """The wrapper's scales, ``(1 + eps) / 2`` for each ``eps`` of ``grid``."""
-        return tuple(self.search.scales)
-
-    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        return self.search(messages, context)
+    @staticmethod
+    def to_scale(value: float) -> float:
+        """``(1 + eps) / 2``: the base offset from the mean is ``-2 * mean``."""
+        return (1.0 + value) / 2.0
