@@ -251,8 +251,15 @@ def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, t
     if attack is None or not attack.backdoor or not isinstance(config.task, ImageTaskConfig):
         return None
     builder = config.task.builder()
-    data = _dataset(builder.dataset, builder.data_dir)
-    return normalization_stats(builder.normalization, data.train_images)
+    return _normalization(builder.dataset, builder.data_dir, builder.normalization)
+
+
+@functools.lru_cache(maxsize=4)
+def _normalization(dataset: str, data_dir: str | None, normalization: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The data set's normalisation statistics, computed once per process (a
+    ``per_channel`` CIFAR pass reads every training image), as :func:`_dataset` loads
+    the data once."""
+    return normalization_stats(normalization, _dataset(dataset, data_dir).train_images)
 
 
 def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, str], ConfigError]) -> None:
