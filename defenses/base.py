@@ -97,10 +97,11 @@ class Algorithm(ABC):
         return None
 
     @classmethod
-    def round_work(cls, params: AlgorithmParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: AlgorithmParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """What one round costs with ``params`` among ``clients`` clients on a task of
-        ``task_clusters`` clusters: by default one gradient per client and a few
-        passes over every client's vector (an aggregation).  Read at config load for
+        ``task_clusters`` clusters and a model of ``model_dim`` parameters: by default
+        one gradient per client and a few passes over every client's vector (an
+        aggregation).  Read at config load for
         the run's cost estimate (:mod:`robust_pfl.costs`)."""
         return RoundWork(gradients_per_client=1.0, vector_passes=4.0 * clients)
 
@@ -150,6 +151,8 @@ class RoundWork:
 
     gradients_per_client: float
     vector_passes: float
+    #: Operations beyond the passes, e.g. a robust aggregator's (MDA's subset search).
+    extra_flops: float = 0.0
     #: Steps run one after another within a round, each a few kernel launches whatever
     #: the sizes (Threshold-Clustering's rounds).
     serial_steps: float = 0.0

@@ -9,7 +9,7 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from defenses.base import Algorithm, AlgorithmParams, register
+from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
 from defenses.robust_aggregators import Aggregator, make_aggregator
@@ -75,6 +75,13 @@ class Global(Algorithm):
     name = "global"
     summary = "one shared model; received gradients combined by `aggregator` (default mean: FedAvg)"
     Params = GlobalParams
+
+    @classmethod
+    def round_work(cls, params: GlobalParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
+        """One gradient per client, a few passes over the received vectors, and the
+        aggregator's own work (:meth:`defenses.Aggregator.flops`)."""
+        aggregator = make_aggregator(params.aggregator)
+        return RoundWork(1.0, 4.0 * clients, extra_flops=aggregator.flops(clients, model_dim))
 
     def __init__(self, federation: Federation, params: GlobalParams) -> None:
         super().__init__(federation, params)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import torch
 from pydantic import Field
@@ -160,6 +160,16 @@ class _SubsetSearch(_ByzantineBudget):
         int, Field(ge=1, description="largest number C(n, f) of subsets enumerated (check(n) refuses more)")
     ] = MAX_SUBSETS
 
+    #: Operations per subset of ``k`` rows, a power of ``k`` (:meth:`flops`); calibrated
+    #: on the 2-core CPU of ``benchmarks/`` (MDA about 3e5 subsets a second, SMEA about
+    #: 5e4, at n = 25), at its effective 1e11 FLOP/s.
+    subset_flops: ClassVar[tuple[float, int]] = (800.0, 2)
+
+    def flops(self, n: int, d: int) -> float:
+        k = n - self.budget(n)
+        scale, power = self.subset_flops
+        return 3.0 * n * n * d + math.comb(n, self.budget(n)) * scale * k**power
+
     def check(self, n: int) -> None:
         super().check(n)
         f = _budget_check(self, n)
@@ -241,6 +251,7 @@ class SmallestMaximumEigenvalueAveraging(_SubsetSearch):
     """
 
     name = "smea"
+    subset_flops = (250.0, 3)  # an eigenvalue of each subset's k x k matrix
     summary = "mean of the n-f rows whose covariance has the smallest top eigenvalue (C(n, f) subsets)"
     reference = (
         "Allouah, Guerraoui, Gupta, Pinot, Stephan 2023 (ICML), privacy-robustness-utility trilemma, SMEA; "

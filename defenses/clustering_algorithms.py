@@ -128,12 +128,12 @@ class FederatedClustering(Algorithm):
     Params = FederatedClusteringParams
 
     @classmethod
-    def round_work(cls, params: FederatedClusteringParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: FederatedClusteringParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """Each client evaluates its gradient at every model of its group (about
         ``N / groups``) and clusters the group's gradients for ``clustering_rounds``."""
         group = math.ceil(clients / params.groups)
         return RoundWork(float(group), float(clients) * group * (params.clustering_rounds + 2),
-                         float(params.clustering_rounds))
+                         serial_steps=float(params.clustering_rounds))
 
     @classmethod
     def client_count_problems(cls, params: FederatedClusteringParams, clients: int) -> list[tuple[str, str]]:
@@ -303,12 +303,12 @@ class _ServerClustering(Algorithm):
     message_kind = "gradient"
 
     @classmethod
-    def round_work(cls, params: CentreClusteringParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: CentreClusteringParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """One gradient per client; ``clustering_rounds`` passes of K centres over the N
         received vectors, and the nearest-centre assignment."""
         centres = params.clusters or task_clusters
         return RoundWork(1.0, float(clients) * centres * (params.clustering_rounds + 1) + 4.0 * clients,
-                         float(params.clustering_rounds))
+                         serial_steps=float(params.clustering_rounds))
 
     def __init__(self, federation: Federation, params: CentreClusteringParams) -> None:
         super().__init__(federation, params)

@@ -232,10 +232,11 @@ class PersonalizedDecentralizedTC(Algorithm):
     sends_momenta = True
 
     @classmethod
-    def round_work(cls, params: PDLTCParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: PDLTCParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """One momentum per client; every client clusters up to N received momenta
         for ``clustering_rounds``."""
-        return RoundWork(1.0, float(clients) * clients * (params.clustering_rounds + 2), float(params.clustering_rounds))
+        return RoundWork(1.0, float(clients) * clients * (params.clustering_rounds + 2),
+                         serial_steps=float(params.clustering_rounds))
 
     def __init__(self, federation: Federation, params: PDLTCParams) -> None:
         super().__init__(federation, params)

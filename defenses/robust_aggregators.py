@@ -196,6 +196,12 @@ class Aggregator(ABC):
     summary: ClassVar[str]
     reference: ClassVar[str] = ""
 
+    def flops(self, n: int, d: int) -> float:
+        """Roughly the operations of one call on ``n`` rows of ``d`` numbers, for a
+        run's cost estimate (:mod:`robust_pfl.costs`): by default a few passes over the
+        rows."""
+        return 4.0 * n * d
+
     def check(self, n: int) -> None:
         """Raise ``ValueError`` if the aggregator cannot work with ``n`` senders."""
         if n < 1:
@@ -435,6 +441,9 @@ class _KrumFamily(_ByzantineBudget):
         f = self.budget(n)
         if not n > 2 * f + 2:
             raise ValueError(f"{self.name}: needs n > 2*f + 2, got f={f}, n={n}")
+
+    def flops(self, n: int, d: int) -> float:
+        return 3.0 * n * n * d  # the pairwise distances
 
     def _selected(self, count: Tensor, f: Tensor) -> Tensor:
         raise NotImplementedError

@@ -141,7 +141,7 @@ class FLTrust(Global):
         return None
 
     @classmethod
-    def round_work(cls, params: FLTrustParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: FLTrustParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """One gradient per client and the server's one (about a client's batch), and
         a few passes over the received vectors."""
         return RoundWork(gradients_per_client=1.0 + 1.0 / max(clients, 1), vector_passes=4.0 * clients + 4.0)
@@ -283,7 +283,7 @@ class FoolsGold(Global):
         return None
 
     @classmethod
-    def round_work(cls, params: FoolsGoldParams, clients: int, task_clusters: int) -> RoundWork:
+    def round_work(cls, params: FoolsGoldParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """One gradient per client; the ``N x N`` similarities of the histories and a
         few passes over the received vectors."""
         return RoundWork(gradients_per_client=1.0, vector_passes=float(clients) * clients + 6.0 * clients)

@@ -3,9 +3,10 @@ run that would take more than a day.
 
 The estimate counts floating-point operations: per round and method, every client's
 gradients (``6 d`` per sample of a batch: a forward and a backward pass of a model of
-``d`` parameters, ``d`` at least ``MIN_EFFECTIVE_DIM``) and the aggregation's passes
-over ``d``-vectors
-(:meth:`defenses.Algorithm.round_work`), times rounds, seeds and methods.  It divides
+``d`` parameters, ``d`` at least ``MIN_EFFECTIVE_DIM``), the aggregation's passes
+over ``d``-vectors and a robust aggregator's own work (MDA's and SMEA's subset
+searches; :meth:`defenses.Algorithm.round_work`, :meth:`defenses.Aggregator.flops`),
+times rounds, seeds and methods.  It divides
 them by an effective rate measured on Global (the mean) at N = 250 on the MNIST MLP
 (benchmarks/README.md, "Seconds per step against each step's floor"): about 1e11
 FLOP/s on the 2-core CPU those benchmarks name and 3e12 on an H200; every round of
@@ -58,9 +59,9 @@ def estimated_cost(config: ExperimentConfig, params: Iterable[defenses.Algorithm
     width = max(model_dim, MIN_EFFECTIVE_DIM)
     flops = overhead = 0.0
     for method, chosen in zip(config.methods, params):
-        work = defenses.REGISTRY[method.name].round_work(chosen, clients, config.task.clusters)
+        work = defenses.REGISTRY[method.name].round_work(chosen, clients, config.task.clusters, model_dim)
         gradients = clients * work.gradients_per_client * batch * _FLOPS_PER_SAMPLE_AND_PARAMETER * width
-        flops += gradients + 2.0 * work.vector_passes * width
+        flops += gradients + 2.0 * work.vector_passes * width + work.extra_flops
         overhead += ROUND_OVERHEAD_SECONDS + work.serial_steps * SERIAL_STEP_SECONDS
     runs = float(config.rounds) * len(config.seeds)
     rate = EFFECTIVE_FLOPS.get(config.device.split(":")[0], EFFECTIVE_FLOPS["cpu"])

@@ -72,6 +72,17 @@ def test_more_clustering_rounds_and_groups_cost_more():
     assert seconds(groups=1) > seconds(groups=4)  # fewer, larger groups: more cross gradients
 
 
+def test_a_global_aggregators_own_work_counts():
+    """SMEA at C(40, 5) = 658,008 subsets of 35 rows a round: days for 10^4 rounds,
+    warned; the mean over the same rounds is not."""
+    task = TASK | {"clients_per_cluster": 20}
+    def payload(aggregator):
+        return {"rounds": 10_000, "task": task, "methods": [{"name": "global", "aggregator": aggregator}]}
+    found = cost_warnings(payload({"name": "smea", "f": 5}))
+    assert len(found) == 1 and "days" in found[0], found
+    assert cost_warnings(payload("mean")) == []
+
+
 def test_fc_groups_past_the_client_count_are_refused_at_load():
     with pytest.raises(ConfigError) as error:
         validate(parse_config(config_with(groups=10**6)))
