@@ -47,6 +47,7 @@ admissible count are searched together, one pass per distinct count.
 from __future__ import annotations
 
 import itertools
+from abc import abstractmethod
 import math
 from collections.abc import Callable
 from typing import Annotated, ClassVar
@@ -170,6 +171,21 @@ class _SubsetSearch(_ByzantineBudget):
         scale, power = self.subset_flops
         return 3.0 * n * n * d + math.comb(n, self.budget(n)) * scale * k**power
 
+    @staticmethod
+    @abstractmethod
+    def pair_matrix(scaled: Tensor) -> Tensor:
+        """The ``[..., N, N]`` matrix of the (scaled) rows whose subset blocks are scored."""
+
+    @staticmethod
+    @abstractmethod
+    def subset_score(block: Tensor) -> Tensor:
+        """The score of each subset's ``[..., k, k]`` block (the lowest wins)."""
+
+    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
+        matrix = self.pair_matrix(scaled_rows(rows))
+        chosen = _subset_search(rows, _per_problem_f(self, rows), matrix, self.subset_score)
+        return _masked_mean(rows.values, chosen)
+
     def check(self, n: int) -> None:
         super().check(n)
         f = _budget_check(self, n)
@@ -209,11 +225,13 @@ class MinimumDiameterAveraging(_SubsetSearch):
         "as in ByzFL's MDA"
     )
 
-    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        scaled = scaled_rows(rows)
-        squared = euclidean_distances(scaled, scaled).square()
-        chosen = _subset_search(rows, _per_problem_f(self, rows), squared, lambda block: block.amax((-1, -2)))
-        return _masked_mean(rows.values, chosen)
+    @staticmethod
+    def pair_matrix(scaled: Tensor) -> Tensor:
+        return euclidean_distances(scaled, scaled).square()
+
+    @staticmethod
+    def subset_score(block: Tensor) -> Tensor:
+        return block.amax((-1, -2))  # the diameter, squared
 
 
 # -- SMEA ----------------------------------------------------------------------------------
@@ -258,11 +276,13 @@ class SmallestMaximumEigenvalueAveraging(_SubsetSearch):
         "as in ByzFL's SMEA"
     )
 
-    def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
-        scaled = scaled_rows(rows)
-        gram = scaled @ scaled.transpose(-1, -2)
-        chosen = _subset_search(rows, _per_problem_f(self, rows), gram, _top_covariance_eigenvalue)
-        return _masked_mean(rows.values, chosen)
+    @staticmethod
+    def pair_matrix(scaled: Tensor) -> Tensor:
+        return scaled @ scaled.transpose(-1, -2)  # the Gram matrix
+
+    @staticmethod
+    def subset_score(block: Tensor) -> Tensor:
+        return _top_covariance_eigenvalue(block)
 
 
 # -- MoNNA ---------------------------------------------------------------------------------

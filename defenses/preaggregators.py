@@ -48,6 +48,9 @@ from defenses.robust_aggregators import (
     per_problem,
     aggregator_options,
     bucket_means,
+    budget_of,
+    budgets_of,
+    check_one_budget,
     make_aggregator,
     row_norms,
     squared_distances,
@@ -242,14 +245,11 @@ class _Budgeted(PreAggregator):
     ] = None
 
     def __post_init__(self) -> None:
-        if self.f is not None and self.fraction is not None:
-            raise ValueError(f"{self.name}.f and {self.name}.fraction: give one of them, not both")
+        check_one_budget(self.name, self.f, self.fraction)
 
     def budget(self, n: int) -> int:
         """The ``f`` used with ``n`` rows."""
-        if self.fraction is not None:
-            return math.floor(self.fraction * n)
-        return 1 if self.f is None else self.f
+        return budget_of(self.f, self.fraction, n)
 
     def check(self, n: int) -> None:
         super().check(n)
@@ -259,11 +259,7 @@ class _Budgeted(PreAggregator):
 
     def _budget(self, count: Tensor) -> Tensor:
         """Per-problem ``f`` for ``count`` admissible rows: at most ``(count - 1) // 2``."""
-        if self.fraction is not None:
-            wanted = (count.to(torch.float64) * self.fraction).floor().to(count.dtype)
-        else:
-            wanted = torch.full_like(count, self.budget(0))
-        return torch.minimum(wanted, ((count - 1) // 2).clamp_min(0))
+        return budgets_of(self.f, self.fraction, count, (count - 1) // 2)
 
 
 def _wide_squared_distances(values: Tensor) -> Tensor:

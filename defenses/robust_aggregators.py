@@ -349,22 +349,37 @@ class _ByzantineBudget(Aggregator):
     ] = None
 
     def __post_init__(self) -> None:
-        if self.f is not None and self.fraction is not None:
-            raise ValueError(f"{self.name}.f and {self.name}.fraction: give one of them, not both")
+        check_one_budget(self.name, self.f, self.fraction)
 
     def budget(self, n: int) -> int:
         """The ``f`` used with ``n`` rows."""
-        if self.fraction is not None:
-            return math.floor(self.fraction * n)
-        return 1 if self.f is None else self.f
+        return budget_of(self.f, self.fraction, n)
 
     def _budget(self, count: Tensor, most: Tensor) -> Tensor:
         """Per-problem ``f`` for ``count`` admissible rows, at most ``most`` (>= 0)."""
-        if self.fraction is not None:
-            wanted = (count.to(torch.float64) * self.fraction).floor().to(count.dtype)
-        else:
-            wanted = torch.full_like(count, self.budget(0))
-        return torch.minimum(wanted, most.clamp_min(0))
+        return budgets_of(self.f, self.fraction, count, most)
+
+
+def check_one_budget(name: str, f: int | None, fraction: float | None) -> None:
+    """A Byzantine budget is ``f`` or ``fraction``, not both (``ValueError`` naming both)."""
+    if f is not None and fraction is not None:
+        raise ValueError(f"{name}.f and {name}.fraction: give one of them, not both")
+
+
+def budget_of(f: int | None, fraction: float | None, n: int) -> int:
+    """``f`` for ``n`` rows: ``floor(fraction * n)``, else ``f``, else 1."""
+    if fraction is not None:
+        return math.floor(fraction * n)
+    return 1 if f is None else f
+
+
+def budgets_of(f: int | None, fraction: float | None, count: Tensor, most: Tensor) -> Tensor:
+    """Per-problem ``f`` for ``count[...]`` admissible rows, at most ``most`` (>= 0)."""
+    if fraction is not None:
+        wanted = (count.to(torch.float64) * fraction).floor().to(count.dtype)
+    else:
+        wanted = torch.full_like(count, budget_of(f, None, 0))
+    return torch.minimum(wanted, most.clamp_min(0))
 
 
 @register
