@@ -3,7 +3,7 @@
 Each attack is a frozen dataclass subclassing :class:`AttackBase` (which declares,
 with defaults, everything the engine reads of an attack), configured at construction
 (parameters validated there): it receives the honest messages
-``[..., S, d]`` and an :class:`~robust_pfl.types.AttackContext`, and returns the
+``[..., S, d]`` and an :class:`~robust_pfl.engine.types.AttackContext`, and returns the
 Byzantine rows ``[..., B, d]``.  Class attributes ``name``, ``summary`` and ``needs``
 (``"omniscient"``, ``"adaptive"``, ``"data"``) describe it; :func:`describe` gives
 what ``robust-pfl attacks`` prints.
@@ -26,8 +26,8 @@ the contract every registered attack meets.
 
 from attacks.base import NEED_TAGS, NO_ATTACK, REGISTRY, UnknownAttack, build, describe, reads_messages, register
 from attacks.conformance import check_attack
-from robust_pfl.conformance import ConformanceError
-from robust_pfl.types import AttackBase
+from robust_pfl.engine.conformance import ConformanceError
+from robust_pfl.engine.types import AttackBase
 from attacks.simple import ConstantValue, Inf, LargeGradient
 from attacks.flips import BitFlip
 from attacks.noise import GaussianNoise

@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
-from robust_pfl.devices import same_device
-from robust_pfl.types import AttackContext
+from robust_pfl.engine.devices import same_device
+from robust_pfl.engine.types import AttackContext
 
 
 def byzantine_count(context: AttackContext) -> int:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attacks._stats import distances, honest_rows, norm, own_rows, unit
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Direction = Literal["away", "other_centre"]
 DIRECTIONS = get_args(Direction)

@@ -13,7 +13,7 @@ channel; the same definition for any image shape ``[C, H, W]`` (digits 1x8x8, MN
 1x28x28, CIFAR 3x32x32).  It is defined in *pixel space* (images in ``[0, 1]``):
 the engine's inputs are normalised, ``(pixel - mean) / std`` per channel, so a stamped
 input pixel holds ``(value - mean_c) / std_c``, computed with the same float32
-arithmetic as :func:`robust_pfl.tasks.transforms.materialise`; stamping the
+arithmetic as :func:`robust_pfl.engine.tasks.transforms.materialise`; stamping the
 normalised input therefore gives bit for bit the normalised stamped image.  The corner
 is that of the image as the client holds it (after its cluster's rotation).
 
@@ -48,7 +48,7 @@ from torch import Tensor
 
 from attacks._stats import honest_mean, own_rows
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Size = Annotated[int, Field(ge=1, description="side of the square trigger, in pixels")]
 Margin = Annotated[int, Field(ge=0, description="pixels between the trigger and the bottom and right edges")]

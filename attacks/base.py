@@ -29,7 +29,7 @@ attack may offer ``write_from(messages, rows, context)``, which writes the rows
 ``messages`` itself.
 
 The built-in attacks are declared with :data:`attack_options` (a frozen pydantic
-dataclass, :func:`robust_pfl.validation.options`): each option is a typed field with
+dataclass, :func:`robust_pfl.engine.validation.options`): each option is a typed field with
 its constraints and a one-line description
 (``scale: Annotated[float, Field(gt=0, description="...")] = 1.0``), and a bad value
 raises ``ValueError`` naming ``<attack>.<field>``, what it accepts and what was given;
@@ -41,10 +41,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
-from robust_pfl.types import Attack, AttackBase
-from robust_pfl.types import attack_reads_messages as reads_messages  # re-exported
-from robust_pfl.validation import descriptions, options
+from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
+from robust_pfl.engine.types import Attack, AttackBase
+from robust_pfl.engine.types import attack_reads_messages as reads_messages  # re-exported
+from robust_pfl.engine.validation import descriptions, options
 
 REGISTRY: dict[str, type] = {}
 
@@ -63,7 +63,7 @@ def _known_needs(cls: type) -> None:
 register = registrar(REGISTRY, "attack", _known_needs)
 
 #: Class decorator of the built-in attacks: a frozen pydantic dataclass whose bad
-#: options raise ``ValueError`` naming ``<attack>.<field>`` (:mod:`robust_pfl.validation`).
+#: options raise ``ValueError`` naming ``<attack>.<field>`` (:mod:`robust_pfl.engine.validation`).
 attack_options = options("attack")
 
 

@@ -1,9 +1,9 @@
 """Public conformance checks for attacks: :func:`check_attack` runs on a class of your
 own (in your tests) what the project's suite runs on every registered attack.
 
-What an attack must do (:class:`robust_pfl.types.Attack`):
+What an attack must do (:class:`robust_pfl.engine.types.Attack`):
 
-* subclass :class:`~robust_pfl.types.AttackBase`, with class attributes ``name``
+* subclass :class:`~robust_pfl.engine.types.AttackBase`, with class attributes ``name``
   (str), ``summary`` (one line) and ``needs`` (a frozenset of
   :data:`attacks.NEED_TAGS`), as a frozen dataclass whose fields are its options;
 * for messages ``[S, d]`` or ``[M, S, d]`` (float32 or float64) return a new tensor
@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 
 from attacks.base import NEED_TAGS, describe, reads_messages
-from robust_pfl.conformance import ConformanceError
-from robust_pfl.types import AttackBase, AttackContext, attack_reads_own_rows
+from robust_pfl.engine.conformance import ConformanceError
+from robust_pfl.engine.types import AttackBase, AttackContext, attack_reads_own_rows
 
 SENDERS, DIM, STACK = 7, 5, 3
 BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
@@ -77,7 +77,7 @@ def check_attack(attack: Any, random: bool | None = None) -> None:
 
 
 def check_metadata(cls: type) -> None:
-    """A subclass of :class:`~robust_pfl.types.AttackBase` with a ``name``, a one-line
+    """A subclass of :class:`~robust_pfl.engine.types.AttackBase` with a ``name``, a one-line
     ``summary``, ``needs`` within :data:`NEED_TAGS`, a frozen dataclass, and
     :func:`attacks.describe` listing its options."""
     _require(isinstance(cls, type) and issubclass(cls, AttackBase), cls,

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from attacks._stats import own_rows
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Mode = Literal["reverse", "shift", "pair"]
 MODES = get_args(Mode)

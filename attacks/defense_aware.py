@@ -23,7 +23,7 @@ ideas on the messages the federation delivers (both omniscient):
 
 Attacks never import :mod:`defenses`: the clustering rule used when no probe is
 offered is the defense's own, from the module both share
-(:func:`robust_pfl.linkage.agglomerate`).
+(:func:`robust_pfl.engine.linkage.agglomerate`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from torch import Tensor
 
 from attacks._stats import byzantine_count, expand_rows, honest_rows, norm, unit
 from attacks.base import attack_options, register
-from robust_pfl.linkage import agglomerate, largest_cluster
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.linkage import agglomerate, largest_cluster
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 F64 = torch.float64
 
@@ -100,7 +100,7 @@ class ClippedClusteringAttack(AttackBase):
       the aggregate (a filter that dropped them gives the same output for both: the
       test is exact for ClippedClustering unless the rows' membership, or which honest
       rows are kept, changes within that turn);
-    * else :func:`robust_pfl.linkage.agglomerate` on the cosine distances of the delivered rows
+    * else :func:`robust_pfl.engine.linkage.agglomerate` on the cosine distances of the delivered rows
       (clipping does not change directions), the Byzantine rows kept when they are in
       the larger cluster (ties: the one holding the lowest row), as ClippedClustering
       does.

@@ -34,7 +34,7 @@ from attacks._stats import (
     honest_rows,
 )
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Centre = Literal["mean", "zero"]
 CENTRES = get_args(Centre)

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, own_rows
 from attacks.base import NeedsBy, attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Source = Literal["own", "client", "client_model", "mean"]
 SOURCES = get_args(Source)

@@ -17,8 +17,8 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape
 from attacks.base import REGISTRY, NeedsBy, attack_options, build, register
-from robust_pfl.registry import did_you_mean
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.registry import did_you_mean
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Target = Literal["largest"]
 TARGETS = get_args(Target)

@@ -3,7 +3,7 @@
 On a communication graph a Byzantine node talks to each neighbour separately, so it
 can craft one message per receiver, and where it sits on the graph decides how many
 receivers it reaches.  :class:`NeighbourPoison` takes the highest-degree positions
-(``graph_placement = "high_degree"``, read by :func:`robust_pfl.graphs.federation_graph`)
+(``graph_placement = "high_degree"``, read by :func:`robust_pfl.engine.graphs.federation_graph`)
 and sends every receiver a point built from that receiver's own message.
 """
 
@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape, norm, reference_mask, unit
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Mode = Literal["ball_edge", "flip"]
 Direction = Literal["reverse", "away"]

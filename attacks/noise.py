@@ -9,7 +9,7 @@ from torch import Tensor
 
 from attacks._stats import fill_normal, normal_rows, own_rows
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Around = Literal["zero", "own"]
 AROUND = get_args(Around)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from attacks._stats import distances, expand_rows, honest_rows, mean_and_std, unit
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 Direction = Literal["unit", "std", "sign"]
 DIRECTIONS = get_args(Direction)

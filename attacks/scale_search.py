@@ -27,7 +27,7 @@ from torch import Tensor
 
 from attacks.base import attack_options, register
 from attacks.search import Optimised
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 #: ``z`` values tried by :class:`OptimalALIE` (in honest standard deviations).
 Z_GRID: tuple[float, ...] = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 50.0, 100.0)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attacks._stats import honest_mean, norm
 from attacks.base import NeedsBy, attack_options, build, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 DEFAULT_SCALES: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from attacks._stats import byzantine_shape, fill_normal, normal_rows
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 
 @register

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from attacks._stats import client_row, expand_rows, honest_mean, honest_rows, mean_and_std
 from attacks.base import attack_options, register
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 
 def alie_z(senders: int, byzantine: int) -> float:

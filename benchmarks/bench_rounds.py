@@ -47,9 +47,9 @@ from torch import Tensor, nn  # noqa: E402
 
 import attacks  # noqa: E402
 import defenses  # noqa: E402
-from robust_pfl.data import Batch, ClientData  # noqa: E402
-from robust_pfl.federation import Federation  # noqa: E402
-from robust_pfl.objectives import DenseNetwork  # noqa: E402
+from robust_pfl.engine.data import Batch, ClientData  # noqa: E402
+from robust_pfl.engine.federation import Federation  # noqa: E402
+from robust_pfl.engine.objectives import DenseNetwork  # noqa: E402
 
 # -- the workload -----------------------------------------------------------------------
 

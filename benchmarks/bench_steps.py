@@ -55,7 +55,7 @@ import torch  # noqa: E402
 
 import bench_rounds as rounds  # noqa: E402  (puts the repository root on sys.path)
 import defenses  # noqa: E402
-from robust_pfl.devices import resolve_device  # noqa: E402
+from robust_pfl.engine.devices import resolve_device  # noqa: E402
 
 # -- the workload ---------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ The machinery algorithms build on lives apart: the optimiser step in
 :mod:`defenses.optimiser`, reused round memory in :mod:`defenses.round_buffers`, the
 row-level primitives in :mod:`defenses.primitives`.
 
-An algorithm is constructed from a :class:`~robust_pfl.federation.Federation` and its
+An algorithm is constructed from a :class:`~robust_pfl.engine.federation.Federation` and its
 validated parameters (a pydantic model, so a bad value fails at config-load time with
 the field's name), then stepped round by round::
 
@@ -23,9 +23,9 @@ from typing import Any, Callable, ClassVar, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from robust_pfl.federation import Federation
-from robust_pfl.registry import registrar
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.registry import registrar
+from robust_pfl.engine.types import RoundRecord
 
 
 class AlgorithmParams(BaseModel):
@@ -120,7 +120,7 @@ class Algorithm(ABC):
                 are keyed by.
 
         Returns:
-            The round's :class:`~robust_pfl.types.RoundRecord`: at least the honest
+            The round's :class:`~robust_pfl.engine.types.RoundRecord`: at least the honest
             clients' gradients (or ``None`` where never materialised, see
             :attr:`snapshot_records`) and the applied updates; with
             ``forms_clusters``, the cluster assignment.

@@ -14,8 +14,8 @@ from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
 from defenses.robust_aggregators import Aggregator, make_aggregator
 from defenses.round_buffers import RoundBuffers
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 
 @register

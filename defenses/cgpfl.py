@@ -67,8 +67,8 @@ from defenses.primitives import (
     euclidean_distances,
 )
 from defenses.round_buffers import RoundBuffers
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 UndefinedRule = Literal["drop_log", "zero"]
 

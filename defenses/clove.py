@@ -41,9 +41,9 @@ from defenses.kmeans_init import kmeans
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_points
 from defenses.round_buffers import LocalStart, run_local_steps
-from robust_pfl.data import Batch
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 # Loss evaluations per forward pass when the loss vectors use the full local data
 # (model x client x sample rows): bounds the activations of a pass.

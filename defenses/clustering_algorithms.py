@@ -17,10 +17,10 @@ from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_points, euclidean_distances
 from defenses.radius import RadiusPolicy, make_radius
 from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
-from robust_pfl.data import Batch
-from robust_pfl.devices import engine, memory_budget_mb
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.devices import engine, memory_budget_mb
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 # Points per clustering up to which ``auto`` uses the "pairwise" evaluation: it beats
 # "gram" on small problems, but its N^2 d product grows faster than "gram"'s few passes
@@ -70,7 +70,7 @@ class ClusteringParams(AlgorithmParams):
         """The evaluation for ``points[..., N, d]``.  ``auto`` picks exact differences
         for small models and inner products for large ones: the points' Gram matrix
         ("pairwise") up to ``PAIRWISE_MAX_POINTS`` points (``PAIRWISE_MAX_POINTS_BATCHED``
-        on the batched engine of :func:`robust_pfl.devices.engine`), lazily kept
+        on the batched engine of :func:`robust_pfl.engine.devices.engine`), lazily kept
         products ("gram") beyond."""
         if self.method != "auto":
             return self.method

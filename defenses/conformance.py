@@ -18,7 +18,7 @@ models for the same seed, leave the federation's data unwritten, keep every hone
 model finite under such rows, and survive a checkpoint: pickled after some rounds and
 restored, it continues bit for bit as the uninterrupted run does.
 
-Each failed property raises :class:`robust_pfl.conformance.ConformanceError` naming it.
+Each failed property raises :class:`robust_pfl.engine.conformance.ConformanceError` naming it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from defenses.robust_aggregators import Aggregator, make_aggregator
-from robust_pfl.conformance import ConformanceError
-from robust_pfl.types import AttackBase, AttackContext, RoundRecord
+from robust_pfl.engine.conformance import ConformanceError
+from robust_pfl.engine.types import AttackBase, AttackContext, RoundRecord
 
 F64 = torch.float64
 HOSTILE_ROWS = ("nan", "inf", "-inf", "1e38", "large_gradient", "mixed")
@@ -149,10 +149,10 @@ _CLUSTERS, _PER_CLUSTER, _BYZANTINE, _DIM = 2, 3, 2, 5
 def _small_federation(cls: type, seed: int, attack, dtype: torch.dtype = F64):
     """The synthetic regression (or its two-class twin for an algorithm that needs
     classes) with the Byzantine clients, batches of 4 of 6 samples."""
-    from robust_pfl.data import ClientData
-    from robust_pfl.federation import Federation
-    from robust_pfl.objectives import logistic_regression
-    from robust_pfl.tasks import SyntheticLinearRegression
+    from robust_pfl.engine.data import ClientData
+    from robust_pfl.engine.federation import Federation
+    from robust_pfl.engine.objectives import logistic_regression
+    from robust_pfl.engine.tasks import SyntheticLinearRegression
 
     task = SyntheticLinearRegression(clusters=_CLUSTERS, clients_per_cluster=_PER_CLUSTER, dim=_DIM,
                                      samples_per_client=6, validation_samples=4, test_samples=4,
@@ -287,7 +287,7 @@ def check_algorithm_checkpoint(cls: type, options: dict[str, Any], rounds: int =
     import tempfile
     from pathlib import Path
 
-    from robust_pfl.checkpoint import (
+    from robust_pfl.engine.pickling import (
         global_random_state,
         load_checkpoint,
         restore_global_random_state,

@@ -46,10 +46,10 @@ from defenses.radius import (
     make_radius,
 )
 from defenses.threshold_clustering import ClusteringResult, threshold_clustering
-from robust_pfl.devices import memory_budget_mb
-from robust_pfl.federation import Federation
-from robust_pfl.graphs import Graph, GraphSpec, federation_graph
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.devices import memory_budget_mb
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.graphs import Graph, GraphSpec, federation_graph
+from robust_pfl.engine.types import RoundRecord
 
 # float16 / bfloat16 points are clustered in float32 (as threshold_clustering does)
 _WIDENED = (torch.float16, torch.bfloat16)
@@ -208,7 +208,7 @@ class PersonalizedDecentralizedTC(Algorithm):
     on ``{m_j : j neighbour of i} + {m_i}``, and applies ``x_i -= eta v_i`` (with the
     optional heavy-ball momentum of every algorithm here).
 
-    The graph is ``params.graph`` (:func:`robust_pfl.graphs.federation_graph`, so an
+    The graph is ``params.graph`` (:func:`robust_pfl.engine.graphs.federation_graph`, so an
     attack's ``graph_placement`` decides where the Byzantine clients sit).  Complete
     (the paper): :func:`~defenses.threshold_clustering.threshold_clustering` on all
     ``N`` messages, any distance evaluation.  Sparse (an extension): each client

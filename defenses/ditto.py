@@ -11,9 +11,9 @@ from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.fedavg_step import FedAvgModel
 from defenses.optimiser import HeavyBall
 from defenses.round_buffers import RoundBuffers
-from robust_pfl.data import Batch
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 
 class DittoParams(AlgorithmParams):

@@ -1,7 +1,7 @@
 """The FedAvg global model that Ditto and KNN-Per train next to their personal parts.
 
 One shared model ``w`` updated by gradient averaging: every client's gradient at ``w``
-passes through :meth:`~robust_pfl.federation.Federation.deliver` and the server takes
+passes through :meth:`~robust_pfl.engine.federation.Federation.deliver` and the server takes
 their mean (the ``mean`` aggregator of ``global``: non-finite or overflowing rows are
 dropped) and makes a heavy-ball step.  With the same seed, learning rate and batch
 stream it evolves exactly like :class:`defenses.baselines.Global` with its default
@@ -15,8 +15,8 @@ from torch import Tensor
 from defenses.optimiser import HeavyBall
 from defenses.robust_aggregators import make_aggregator
 from defenses.round_buffers import RoundBuffers
-from robust_pfl.data import Batch
-from robust_pfl.federation import Federation
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.federation import Federation
 
 
 class FedAvgModel:

@@ -30,12 +30,12 @@ from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_points
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.devices import memory_budget_mb, same_device
-from robust_pfl.federation import Federation
-from robust_pfl.graphs import Graph, GraphSpec, MixingRule, federation_graph
-from robust_pfl.objectives import Objective, loss_from_outputs
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.devices import memory_budget_mb, same_device
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.graphs import Graph, GraphSpec, MixingRule, federation_graph
+from robust_pfl.engine.objectives import Objective, loss_from_outputs
+from robust_pfl.engine.types import RoundRecord
 
 
 def _default_graph() -> GraphSpec:

@@ -47,7 +47,7 @@ from defenses.robust_aggregators import (
     row_norms,
     squared_distances,
 )
-from robust_pfl.linkage import absent_pairs, agglomerate, largest_cluster
+from robust_pfl.engine.linkage import absent_pairs, agglomerate, largest_cluster
 
 F64 = torch.float64
 

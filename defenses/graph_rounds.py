@@ -2,7 +2,7 @@
 
 Every honest client broadcasts one message to all its neighbours; a Byzantine node may
 send each neighbour a different message.  Both go through the federation's one
-injection point, :meth:`robust_pfl.federation.Federation.deliver`: the attack sees the
+injection point, :meth:`robust_pfl.engine.federation.Federation.deliver`: the attack sees the
 honest broadcast once per receiver (``context.receivers`` names them) and returns the
 Byzantine rows for each receiver.
 """
@@ -14,8 +14,8 @@ from typing import Any, Iterator, Mapping
 import torch
 from torch import Tensor
 
-from robust_pfl.federation import Federation
-from robust_pfl.types import MessageKind
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import MessageKind
 
 
 def received_from_neighbours(

@@ -19,7 +19,7 @@ from typing import Any
 
 from defenses.base import register
 from defenses.ifca import IFCAModelAveraging, IFCAModelAveragingParams
-from robust_pfl.data import Batch
+from robust_pfl.engine.data import Batch
 
 
 class HypClusterParams(IFCAModelAveragingParams):

@@ -24,9 +24,9 @@ from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_group_mean, admissible_points
 from defenses.round_buffers import LocalStart, RoundBuffers, run_local_steps
-from robust_pfl.data import Batch
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 
 class IFCAParams(AlgorithmParams):

@@ -13,9 +13,9 @@ from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.fedavg_step import FedAvgModel
-from robust_pfl.data import Batch
-from robust_pfl.federation import Federation
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.types import RoundRecord
 
 # Entries of one [N, chunk, n] distance block computed at once (a loop over query
 # chunks, never over clients).

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from robust_pfl.devices import same_device
+from robust_pfl.engine.devices import same_device
 
 
 class HeavyBall:

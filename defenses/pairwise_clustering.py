@@ -62,7 +62,7 @@ from defenses.ball_membership import (
 )
 from defenses.radius import RadiusPolicy
 from defenses.row_reads import rowdot, weighted_rows
-from robust_pfl.devices import engine, same_device
+from robust_pfl.engine.devices import engine, same_device
 
 
 class PairwiseProducts(NamedTuple):

@@ -55,8 +55,8 @@ from defenses.robust_aggregators import (
     row_norms,
     squared_distances,
 )
-from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
-from robust_pfl.validation import descriptions, options
+from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
+from robust_pfl.engine.validation import descriptions, options
 
 
 def settled(values: Tensor, admissible: Tensor) -> Rows:

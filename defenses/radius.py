@@ -2,7 +2,7 @@
 
 A policy maps the distances of every point to the current centre, ``dist[B, K, N]``
 (``inf`` for inadmissible points), to one radius per centre, ``tau[B, K]``.  Policies
-are frozen dataclasses (:func:`robust_pfl.validation.options`, like attacks and
+are frozen dataclasses (:func:`robust_pfl.engine.validation.options`, like attacks and
 aggregators): validated at construction, pure, and batched.  A bad option raises
 ``ValueError`` naming ``radius.<field>``, what it accepts and what was given.
 :func:`make_radius` turns a config's spec (a number or ``{policy = ..., ...}``) into
@@ -25,8 +25,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from robust_pfl.registry import check_options, did_you_mean, init_parameters
-from robust_pfl.validation import options
+from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters
+from robust_pfl.engine.validation import options
 
 
 @runtime_checkable
@@ -62,7 +62,7 @@ def _constant_undecided(tau: float, lower: Tensor, upper: Tensor) -> Tensor:
 
 
 #: Class decorator of the radius policies: bad options raise ``ValueError`` naming
-#: ``radius.<field>`` (:mod:`robust_pfl.validation`).
+#: ``radius.<field>`` (:mod:`robust_pfl.engine.validation`).
 radius_options = options("radius policy", where="radius")
 
 _STRICT = "a point is inside when d < tau (default: d <= tau)"

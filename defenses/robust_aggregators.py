@@ -10,7 +10,7 @@ problems) to one vector per problem, ``[..., d]``::
 Aggregators are frozen dataclasses, validated at construction (a bad value raises
 ``ValueError`` naming ``<aggregator>.<field>``, the allowed values and what was given),
 registered in :data:`AGGREGATORS` by ``name``.  The built-in ones are declared with
-:data:`aggregator_options` (:func:`robust_pfl.validation.options`: typed fields with
+:data:`aggregator_options` (:func:`robust_pfl.engine.validation.options`: typed fields with
 pydantic constraints and a description each); one of a user's own may be a plain
 frozen dataclass.  ``previous`` (last round's aggregate) is used by
 centered clipping and ``generator`` by bucketing; the others ignore them.
@@ -45,8 +45,8 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from defenses.primitives import admissible_points, euclidean_distances
-from robust_pfl.registry import check_options, did_you_mean, init_parameters, registrar
-from robust_pfl.validation import descriptions, options
+from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
+from robust_pfl.engine.validation import descriptions, options
 
 
 # -- masked statistics shared by every aggregator -----------------------------------------
@@ -256,7 +256,7 @@ AGGREGATORS: dict[str, type[Aggregator]] = {}
 register = registrar(AGGREGATORS, "aggregator")
 
 #: Class decorator of the built-in aggregators: a frozen pydantic dataclass whose bad
-#: options raise ``ValueError`` naming ``<aggregator>.<field>`` (:mod:`robust_pfl.validation`).
+#: options raise ``ValueError`` naming ``<aggregator>.<field>`` (:mod:`robust_pfl.engine.validation`).
 aggregator_options = options("aggregator")
 
 

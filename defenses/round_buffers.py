@@ -10,9 +10,9 @@ import torch
 from torch import Tensor
 
 from defenses.optimiser import HeavyBall
-from robust_pfl.data import Batch
-from robust_pfl.devices import same_device
-from robust_pfl.federation import Federation
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.devices import same_device
+from robust_pfl.engine.federation import Federation
 
 
 def run_local_steps(
@@ -116,7 +116,7 @@ class RoundBuffers:
         server receives.  When the attack does not read messages, the Byzantine
         senders' gradients are not computed and the attack writes its rows into the
         gradient buffer itself (so those rows of ``gradients`` are what they sent, as
-        :class:`~robust_pfl.types.RoundRecord` allows); otherwise the delivery goes to
+        :class:`~robust_pfl.engine.types.RoundRecord` allows); otherwise the delivery goes to
         the second buffer and ``gradients`` stay honest."""
         grads, delivered = self._shaped(params)
         federation.gradients(params, batch, out=grads, skip_unread=True)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from robust_pfl.devices import engine
+from robust_pfl.engine.devices import engine
 
 # Scratch tensors reused between calls, per thread, role, dtype and device: a fresh
 # multi-MB tensor page-faults on every call, which costs several times the work done

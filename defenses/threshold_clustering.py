@@ -70,7 +70,7 @@ from defenses.primitives import (
 )
 from defenses.radius import RadiusPolicy, RadiusSpec, make_radius
 from defenses.row_reads import row_products, rowdot, scratch, weighted_rows
-from robust_pfl.devices import engine
+from robust_pfl.engine.devices import engine
 
 Method = Literal["direct", "gram", "pairwise"]
 METHODS: tuple[str, ...] = ("direct", "gram", "pairwise")

@@ -38,10 +38,10 @@ from defenses.base import AlgorithmParams, RoundWork, register
 from defenses.baselines import Global
 from defenses.primitives import admissible_points, squared_norms
 from defenses.robust_aggregators import Aggregator, Rows
-from robust_pfl.data import ClientData
-from robust_pfl.federation import Federation
-from robust_pfl.seeding import generator as make_generator
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.seeding import generator as make_generator
+from robust_pfl.engine.types import RoundRecord
 
 #: FLTrust's root data set size in the paper's experiments (Sec. 5.1: 100 samples).
 PAPER_ROOT_SAMPLES = 100

@@ -11,9 +11,9 @@ from robust_pfl.parent_death import arm_from_environment as _arm_worker
 
 _arm_worker()
 
-from robust_pfl.data import Batch, ClientData  # noqa: E402
-from robust_pfl.federation import Federation
-from robust_pfl.objectives import (
+from robust_pfl.engine.data import Batch, ClientData  # noqa: E402
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.objectives import (
     DenseNetwork,
     Objective,
     ScalarFunctions,
@@ -21,9 +21,9 @@ from robust_pfl.objectives import (
     logistic_regression,
     mlp,
 )
-from robust_pfl.types import Attack, AttackBase, AttackContext, RoundRecord
+from robust_pfl.engine.types import Attack, AttackBase, AttackContext, RoundRecord
 
-__version__ = "0.1.0"
+from robust_pfl.version import __version__
 
 
 def run(config, **options):

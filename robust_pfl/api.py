@@ -53,7 +53,7 @@ def run(config: ConfigLike, *, out_dir: str | Path | None = None, progress: bool
         columns="method", values="value")`` on one metric gives its curves.
     """
     from robust_pfl.experiments import run_experiment, run_table, validate
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     parsed = validate(experiment_config(config))
     if out_dir is None:

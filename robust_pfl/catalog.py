@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from robust_pfl.registry import REQUIRED, init_parameters
-from robust_pfl.types import AttackBase
-from robust_pfl.validation import descriptions
+from robust_pfl.engine.registry import REQUIRED, init_parameters
+from robust_pfl.engine.types import AttackBase
+from robust_pfl.engine.validation import descriptions
 
 if TYPE_CHECKING:
     from defenses import Aggregator, Algorithm

@@ -169,7 +169,7 @@ def _grid(args: argparse.Namespace) -> int:
 def _recipe_resources(args: argparse.Namespace):
     """Per-cell resources of a recipe's grid: one GPU per cell on CUDA (Ray), else the
     backend's default."""
-    from robust_pfl.devices import resolve_device
+    from robust_pfl.engine.devices import resolve_device
     from robust_pfl.grid_file import Resources
 
     if args.device is None:
@@ -239,8 +239,8 @@ def _list_defenses(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
-    from robust_pfl.datasets import DatasetError
-    from robust_pfl.datasets.download import download_mnist
+    from robust_pfl.engine.datasets import DatasetError
+    from robust_pfl.engine.datasets.download import download_mnist
 
     try:
         path = download_mnist(args.dest, allow=True)
@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: torch CPU threads of a command without --threads: the cores other processes leave free,
-#: checked while it runs (robust_pfl.threads; benchmarks/README.md, "Thread defaults").
+#: checked while it runs (robust_pfl.engine.threads; benchmarks/README.md, "Thread defaults").
 DEFAULT_THREADS = "auto"
 
 
@@ -472,14 +472,14 @@ def main(argv: list[str] | None = None) -> int:
 
 @contextmanager
 def _process_settings(threads: int | str, quiet: bool):
-    """torch's thread count (a number, or ``auto``: :class:`robust_pfl.threads.AutoThreads`,
+    """torch's thread count (a number, or ``auto``: :class:`robust_pfl.engine.threads.AutoThreads`,
     one thread until the work's first progress update decides) and ``--quiet`` for one
     command, restored afterwards (so a caller of :func:`main` keeps its own)."""
     import os
 
     import torch
 
-    from robust_pfl import threads as policy
+    from robust_pfl.engine import threads as policy
 
     before, silenced = torch.get_num_threads(), os.environ.get("ROBUST_PFL_QUIET")
     formatter = warnings.formatwarning

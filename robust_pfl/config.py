@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from copy import copy
 from pathlib import Path
 from typing import Annotated, Any, Literal, Sequence, Union, get_args
 
@@ -18,21 +19,21 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
 
-from robust_pfl.devices import DEVICE_PATTERN
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.registry import did_you_mean, display_key
-from robust_pfl.validation import problem
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; the message names the offending field."""
+from robust_pfl.engine.devices import DEVICE_PATTERN
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks.images import ImageTask
+from robust_pfl.engine.registry import did_you_mean, display_key
+from robust_pfl.engine.validation import problem
+from robust_pfl.engine.errors import ConfigError
 
 
 class _Strict(BaseModel):
@@ -57,44 +58,35 @@ class SyntheticTaskConfig(_Strict):
     noise: float = Field(0.0, ge=0)
 
 
-class ImageTaskConfig(_Strict):
-    """Clustered image classification (Werner et al. Sec. 4.2, Table 1; issue tasks):
-    see :class:`robust_pfl.tasks.images.ImageTask` for every field."""
-
-    name: Literal["image"]
-    dataset: Literal["digits", "mnist", "fashion_mnist", "cifar10", "cifar100"] = "digits"
-    data_dir: str | None = Field(None, description="directory of the data files (else $ROBUST_PFL_DATA)")
-    kind: Literal["rotation", "private_label", "label_skew", "mixture", "dirichlet"] = "rotation"
-    clusters: int = Field(4, ge=1)
-    clients_per_cluster: int = Field(10, ge=1)
-    train_per_client: int | None = Field(None, ge=1)
-    validation_per_client: int | None = Field(None, ge=1)
-    test_per_client: int | None = Field(None, ge=1)
-    validation_fraction: float = Field(0.1, gt=0, lt=1)
-    partition: Literal["fixed", "official"] = "fixed"
-    model: dict[str, Any] = Field(default_factory=lambda: {"name": "mlp", "hidden": [200]})
-    normalize: Literal["none", "mnist", "per_channel"] | None = None
-    rotation_step: int = Field(1, ge=1, le=3)
-    mixture_weight: float = Field(0.8, ge=0, le=1)
-    labels_per_cluster: int | None = Field(None, ge=1)
-    dirichlet_alpha: float = Field(0.5, gt=0)
-    reshuffle_every_epoch: bool = Field(
-        False, description="re-deal the train split every epoch (the official code's MNIST runs)"
-    )
+class _ImageTaskTable(_Strict):
+    """What every image task table does beyond its fields: build the task (its
+    cross-field rules run there)."""
 
     @model_validator(mode="after")
-    def _builder_accepts(self) -> "ImageTaskConfig":
+    def _builder_accepts(self) -> "_ImageTaskTable":
         try:
             self.builder()
         except ValueError as error:
             raise ValueError(str(error)) from None  # the error's location names the task
         return self
 
-    def builder(self):
-        """The :class:`~robust_pfl.tasks.images.ImageTask` these fields describe."""
-        from robust_pfl.tasks.images import ImageTask
-
+    def builder(self) -> ImageTask:
+        """The :class:`~robust_pfl.engine.tasks.images.ImageTask` these fields describe."""
         return ImageTask(**self.model_dump(exclude={"name", "reshuffle_every_epoch"}))
+
+
+#: The ``[task]`` table of an image task (Werner et al. Sec. 4.2, Table 1): ``name``,
+#: :class:`~robust_pfl.engine.tasks.images.ImageTask`'s own fields (types, constraints,
+#: defaults and descriptions declared once there) and ``reshuffle_every_epoch``.
+ImageTaskConfig = create_model(
+    "ImageTaskConfig",
+    __base__=_ImageTaskTable,
+    __module__=__name__,
+    name=(Literal["image"], ...),
+    **{name: (info.annotation, copy(info)) for name, info in ImageTask.__pydantic_fields__.items()},
+    reshuffle_every_epoch=(bool, Field(
+        False, description="re-deal the train split every epoch (the official code's MNIST runs)")),
+)
 
 
 def _task_name(value: Any) -> str:
@@ -224,6 +216,9 @@ class ExperimentConfig(_Strict):
     checkpoint_every: int | None = Field(
         None, ge=1, description="rounds between checkpoints of a run's full state (None: no checkpoints)"
     )
+    #: What validation built from this config, carried to every run of it (the attack,
+    #: each method's parameters, the device): :func:`robust_pfl.experiments.built`.
+    _built: Any = PrivateAttr(None)
 
     @field_validator("seeds")
     @classmethod
@@ -266,7 +261,7 @@ class ExperimentConfig(_Strict):
 
 def field_path(loc: Sequence[str | int]) -> str:
     """``methods[0].radius`` for pydantic's location ``("methods", 0, "radius")``; keys
-    that are not plain words quoted (:func:`robust_pfl.registry.display_key`)."""
+    that are not plain words quoted (:func:`robust_pfl.engine.registry.display_key`)."""
     path = ""
     for part in loc:
         if isinstance(part, int):
@@ -385,6 +380,24 @@ def parse_toml(text: str, what: str) -> dict[str, Any]:
     return data
 
 
+def read_toml_file(path: str | Path, what: str) -> dict[str, Any]:
+    """The TOML file at ``path`` parsed (:func:`parse_toml`), for every file a command
+    reads (``what``: ``"config"``, ``"grid"``); a missing, unreadable or non-UTF-8
+    file is a :class:`ConfigError` of one line naming it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{what} file not found: {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{what} {path} is a directory, not a TOML file") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (byte {error.start})") from None
+    return parse_toml(text, f"{what} {path}")
+
+
 def check_nesting(data: Any, what: str) -> None:
     """Refuse tables and arrays nested more than :data:`MAX_NESTING` levels deep (a
     deeper structure is no config; copying or validating it would exhaust Python's
@@ -424,17 +437,7 @@ def load_config(path: str | Path, device: str | None = None) -> ExperimentConfig
             invalid fields (one line per field).
     """
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"config {path} is a directory, not a TOML file") from None
-    except OSError as error:
-        raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"config {path} is not UTF-8 text (byte {error.start})") from None
-    data = parse_toml(text, f"config {path}")
+    data = read_toml_file(path, "config")
     if device is not None:
         data["device"] = device
     return parse_config(data, str(path), base_dir=path.parent)

@@ -8,7 +8,6 @@ import functools
 import itertools
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +19,8 @@ from pydantic import ValidationError
 import attacks
 import defenses
 from robust_pfl import costs
-from robust_pfl.checkpoint import (
-    checkpoint_name,
-    fingerprint,
+from robust_pfl.checkpoint import checkpoint_name, fingerprint
+from robust_pfl.engine.pickling import (
     global_random_state,
     load_checkpoint,
     remove_checkpoint,
@@ -40,26 +38,54 @@ from robust_pfl.config import (
     parse_config,
     validation_problems,
 )
-from robust_pfl.datasets import DatasetError, LabelledImages, load_dataset
-from robust_pfl.federation import Federation
-from robust_pfl.metrics import adjusted_rand_index, attack_success_rate
-from robust_pfl.networks import make_network
+from robust_pfl.engine.datasets import DatasetError, LabelledImages, load_dataset
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.metrics import adjusted_rand_index, attack_success_rate
+from robust_pfl.engine.networks import make_network
 from robust_pfl.provenance import provenance
-from robust_pfl.registry import did_you_mean
-from robust_pfl.results import ResultTable, write_results
-from robust_pfl.devices import memory_budget_mb, resolve_device
-from robust_pfl import threads as thread_policy
-from robust_pfl.seeding import deterministic_kernels_within
-from robust_pfl.tasks import ImageTask, SyntheticLinearRegression, Task
-from robust_pfl.tasks.images import TooManyByzantine
-from robust_pfl.tasks.transforms import normalization_stats
-from robust_pfl.data import Batch
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.registry import did_you_mean
+from robust_pfl.engine.results import ResultTable, write_results
+from robust_pfl.engine.devices import memory_budget_mb, resolve_device
+from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.seeding import deterministic_kernels_within
+from robust_pfl.engine.tasks import ImageTask, SyntheticLinearRegression, Task
+from robust_pfl.engine.tasks.images import TooManyByzantine
+from robust_pfl.engine.tasks.transforms import normalization_stats
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.types import AttackBase, RoundRecord
 
 if TYPE_CHECKING:
     from theory_checks.tracking import TheoryTracker
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+@dataclass(frozen=True)
+class Built:
+    """What :func:`validate` builds from a config, once, and every run of the config
+    reuses: the attack (``None`` for ``"none"``), each method's parameters (in config
+    order) and the device."""
+
+    attack: AttackBase | None
+    params: tuple[defenses.AlgorithmParams, ...]
+    device: torch.device
+
+
+def built(config: ExperimentConfig) -> Built:
+    """``config``'s :class:`Built` parts: those :func:`validate` made, or, for a config
+    that skipped validation, made by validating it now (and kept with it)."""
+    if config._built is None:
+        config._built = validate(config)._built
+    return config._built
+
+
+def method_params(config: ExperimentConfig, method: MethodConfig) -> defenses.AlgorithmParams:
+    """The parameters of ``method``: as built at validation for one of the config's
+    own methods, else (a recipe's candidate setting) built now."""
+    if method in config.methods:
+        return built(config).params[config.methods.index(method)]
+    return defenses.REGISTRY[method.name].Params(**method.options())
 
 
 def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentConfig:
@@ -134,6 +160,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     except ValueError as error:
         raise fail("device", str(error)) from None
     config = config if device == config.device else config.model_copy(update={"device": device})
+    config._built = Built(attack, tuple(chosen[i] for i in range(len(config.methods))), torch.device(device))
     costs.warn_if_long(config, [chosen[i] for i in range(len(config.methods))], client_count(config),
                        model_dim, samples, source)
     return config
@@ -229,7 +256,8 @@ def _dataset(name: str, data_dir: str | None) -> LabelledImages:
 
 
 def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federation:
-    attack = attacks.build(config.attack.name, config.attack.options())
+    parts = built(config)
+    attack = parts.attack
     return Federation(
         objective=task.objective,
         train=task.train,
@@ -238,7 +266,7 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
         seed=seed,
         batch_size=config.batch_size,
         attack=attack,
-        device=resolve_device(config.device),
+        device=parts.device,
         num_classes=task.num_classes,
         pixel_stats=_pixel_stats(config, attack),
     )
@@ -277,7 +305,7 @@ def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, 
 
 def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Tensor) -> dict[str, float]:
     """``{"attack_success_rate": ...}`` when the run's attack is a backdoor: the
-    honest clients' mean of :func:`~robust_pfl.metrics.attack_success_rate` on their
+    honest clients' mean of :func:`~robust_pfl.engine.metrics.attack_success_rate` on their
     test images with the full trigger stamped (clients without a non-target test
     image are left out); ``{}`` for any other attack."""
     federation = algorithm.federation
@@ -330,9 +358,9 @@ def run_method(
 
     With ``checkpoint`` and ``config.checkpoint_every``: resume from the checkpoint
     file if it exists (it must come from this config, method and seed, else
-    :class:`~robust_pfl.checkpoint.CheckpointError`), save the run's full state there
+    :class:`~robust_pfl.engine.pickling.CheckpointError`), save the run's full state there
     atomically every ``checkpoint_every`` rounds and after the last, and give the
-    same rows and models as a run without interruption (see :mod:`robust_pfl.checkpoint`).
+    same rows and models as a run without interruption (see :mod:`robust_pfl.engine.pickling`).
     A finished checkpoint returns its rows without stepping.  ``report`` receives a
     line when the run resumes and at every checkpoint it saves."""
     parts = RunParts.build(config, seed, task)
@@ -345,20 +373,23 @@ def run_method(
         if report is not None:
             report(f"resumed at round {done} of {config.rounds}")
     else:
-        done, algorithm, table = 0, defenses.build(method.name, parts.federation, method.options()), ResultTable()
+        algorithm = defenses.REGISTRY[method.name](parts.federation, method_params(config, method))
+        done, table = 0, ResultTable()
         algorithm.snapshot_records = False  # each record is read within its round only
         table.add(method.display, seed, 0, honest_means(parts.evaluation, algorithm))
         if parts.tracker is not None:
             table.add(method.display, seed, 0, parts.tracker.measure(algorithm.client_models(), round_index=0))
     federation, tracker = algorithm.federation, parts.tracker
     measurements = measured(table)
-    for round_index in range(done, config.rounds):
+
+    def before(round_index: int) -> None:
         if parts.redealer is not None:
             parts.redealer.before_round(federation, round_index)
-        record = algorithm.step(round_index)
+
+    def after(done: int, record: RoundRecord) -> None:
+        nonlocal measurements
         if on_round is not None:
             on_round()
-        done = round_index + 1
         if done % config.eval_every == 0 or done == config.rounds:
             table.add(method.display, seed, done, honest_means(parts.evaluation, algorithm, record))
         if tracker is not None and tracker.due(done, config.rounds, federation.sample_gradients, measurements):
@@ -370,6 +401,8 @@ def run_method(
             save_checkpoint(Path(checkpoint), done, key, state, parts.shared(federation))
             if report is not None:
                 report(f"round {done} of {config.rounds} checkpointed")
+
+    run_rounds(algorithm, config.rounds, start=done, before=before, after=after)
     return table
 
 
@@ -444,7 +477,7 @@ def theory_tracker(config: ExperimentConfig, task: Task, seed: int) -> TheoryTra
         lanczos_steps=theory.lanczos_steps,
         budget=theory.budget,
         seed=seed,
-        memory_budget_mb=theory.memory_budget_mb or memory_budget_mb(resolve_device(config.device), CPU_BUDGET_MB),
+        memory_budget_mb=theory.memory_budget_mb or memory_budget_mb(built(config).device, CPU_BUDGET_MB),
     )
 
 
@@ -502,125 +535,6 @@ def run_cell_config(
     if timed:
         rows.append({"round": config.rounds, "metric": "seconds", "value": time.perf_counter() - start})
     return rows
-
-
-#: Seconds between two progress lines when stderr is not a terminal (environment
-#: ``ROBUST_PFL_PROGRESS_INTERVAL`` overrides it); ``ROBUST_PFL_QUIET=1`` (``--quiet``)
-#: silences progress.
-PROGRESS_INTERVAL = 10.0
-
-
-def progress_bar(total: int, description: str, enabled: bool | None = None, interval: float | None = None):
-    """Progress that shows everywhere: a tqdm bar on a terminal, a bar in a Jupyter
-    kernel (a widget where ipywidgets is installed), and elsewhere (nohup, CI, a pipe)
-    one line on stderr at most every ``interval`` seconds (default
-    :data:`PROGRESS_INTERVAL`) and one per finished item (:meth:`ProgressLines.item_done`).
-    ``enabled``: ``False`` silences it, ``True`` shows it even under ``ROBUST_PFL_QUIET``,
-    ``None`` (default): shown unless ``ROBUST_PFL_QUIET`` is set.
-
-    The object returned has tqdm's ``update``, ``set_postfix_str`` and ``close``, and
-    ``item_done(text, advance=0)``: ``update(advance)`` and a line on stderr when not on
-    a terminal (a bar shows it)."""
-    thread_policy.check()  # the work starts: the command's thread policy decides (robust_pfl.threads)
-    if enabled is None:
-        enabled = os.environ.get("ROBUST_PFL_QUIET", "") in ("", "0")
-    if enabled and not sys.stderr.isatty() and "ipykernel" not in sys.modules:
-        if interval is None:
-            interval = float(os.environ.get("ROBUST_PFL_PROGRESS_INTERVAL", PROGRESS_INTERVAL))
-        return ProgressLines(total, description, interval)
-    from tqdm.auto import tqdm
-
-    return _Bar(tqdm(total=total, desc=description, disable=not enabled, leave=False))
-
-
-class _Bar:
-    """A tqdm bar with :meth:`item_done` (the bar shows the item; no line)."""
-
-    def __init__(self, bar: Any) -> None:
-        self.bar = bar
-
-    def update(self, n: int = 1) -> None:
-        self.bar.update(n)
-        thread_policy.check()
-
-    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
-        self.bar.set_postfix_str(text, refresh=refresh)
-
-    def close(self) -> None:
-        self.bar.close()
-
-    def item_done(self, text: str, advance: int = 0) -> None:
-        self.update(advance)
-
-    def __enter__(self) -> _Bar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class ProgressLines:
-    """Progress as lines on stderr, for logs: ``DESCRIPTION: N/TOTAL (P%), POSTFIX,
-    ELAPSED elapsed, ETA ...`` at most every ``interval`` seconds while work goes on,
-    a line per :meth:`item_done`, and one when it closes."""
-
-    def __init__(self, total: int, description: str, interval: float = PROGRESS_INTERVAL) -> None:
-        self.total, self.description, self.interval = total, description, interval
-        self.n, self.postfix = 0, ""
-        self.start = self.last = time.monotonic()
-        self.closed, self.written = False, 0  # written: n at the last line
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        if time.monotonic() - self.last >= self.interval and self.n < self.total:
-            self._write(self.postfix)
-        thread_policy.check()
-
-    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
-        self.postfix = text
-
-    def item_done(self, text: str, advance: int = 0) -> None:
-        """A line for a finished item, after ``advance`` more units of work."""
-        self.n += advance
-        self._write(text, first=True)
-        thread_policy.check()
-
-    def close(self) -> None:
-        if not self.closed and self.n > 0 and self.n != self.written:  # unless the last line said it
-            self._write("finished" if self.n >= self.total else "stopped")
-        self.closed = True
-
-    def __enter__(self) -> ProgressLines:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _write(self, text: str, first: bool = False) -> None:
-        """``DESCRIPTION: N/TOTAL (P%), TEXT, ELAPSED, ETA``, or with ``first``
-        ``DESCRIPTION: TEXT; N/TOTAL (P%), ELAPSED, ETA``."""
-        now = time.monotonic()
-        self.last, self.written = now, self.n
-        elapsed = now - self.start
-        share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        parts = [f"{self.n}/{self.total}{share}", *([text] if text and not first else []),
-                 f"{_duration(elapsed)} elapsed"]
-        if 0 < self.n < self.total:
-            parts.append(f"ETA {_duration(elapsed / self.n * (self.total - self.n))}")
-        lead = f"{text}; " if text and first else ""
-        print(f"{self.description}: {lead}" + ", ".join(parts), file=sys.stderr, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    """``4.2 s``, ``42 s``, ``3 min 05 s``, ``2 h 04 min``."""
-    if seconds < 9.95:
-        return f"{seconds:.1f} s"
-    seconds = int(round(seconds))
-    if seconds < 60:
-        return f"{seconds} s"
-    if seconds < 3600:
-        return f"{seconds // 60} min {seconds % 60:02d} s"
-    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
 def run_experiment(

@@ -2,7 +2,7 @@
 algorithm whose clients are Flower ``ClientApp`` nodes (``pip install robust-pfl[flower]``).
 
 How it works.  An algorithm of :mod:`defenses` reads "the clients" only through its
-:class:`~robust_pfl.federation.Federation`: ``gradients`` (each client's ``g_i(x_i)``),
+:class:`~robust_pfl.engine.federation.Federation`: ``gradients`` (each client's ``g_i(x_i)``),
 ``cross_gradients`` (``g_j(x_m)`` for a set of models, FC's messages) and
 ``deliver`` (the attack's injection point).  :class:`RemoteFederation` is a
 federation whose ``gradients`` / ``cross_gradients`` / ``cross_losses`` are answered
@@ -15,7 +15,7 @@ simulator runs is the code that the Flower run runs, and with the same seeds the
 give the same honest models to float tolerance (``tests/test_flower.py``).
 
 Batches.  The strategy draws each round's batch indices from the run's ``batches``
-stream exactly as :meth:`robust_pfl.data.ClientData.sample` does and sends each node
+stream exactly as :meth:`robust_pfl.engine.data.ClientData.sample` does and sends each node
 its own row (a server-side sampling schedule, the usual way to make a federated run
 reproducible); a node never sends data.
 
@@ -57,11 +57,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import Tensor
 
-from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, config_error, parse_config, parse_toml, validation_problems
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.federation import Federation
-from robust_pfl.seeding import generator as make_generator
-from robust_pfl.types import AttackContext
+import defenses
+from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, config_error, parse_config, read_toml_file, validation_problems
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.seeding import generator as make_generator
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.types import AttackContext
+from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, validate
 
 if TYPE_CHECKING:  # flwr is imported lazily: the package works without it
     from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -122,17 +125,11 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
     """A Flower run from a TOML path or a mapping; fails at load with
     ``<field>: must be ..., got ...`` for an unsupported method or attack, a node
     count that is not the run's client count, or more Byzantine nodes than nodes."""
-    from robust_pfl.experiments import client_count, validate
-
     base_dir = None
     if not isinstance(data, Mapping):
         path = Path(data)
         source = source or str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as error:
-            raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
-        data = parse_toml(text, f"config {path}")
+        data = read_toml_file(path, "config")
         base_dir = path.parent
     source = source or "<dict>"
     data = dict(data)
@@ -162,10 +159,8 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
     if byzantine > nodes:
         problems.append(("byzantine.total", f"must be at most the number of nodes ({nodes}), got {byzantine}"))
     attack = config.attack.name
-    import attacks
-
-    built = attacks.build(attack, config.attack.options())
-    if built is not None and built.backdoor:
+    built_attack = built(config).attack
+    if built_attack is not None and built_attack.backdoor:
         problems.append(("attack.name", f"must not be a backdoor (its trigger needs pixel statistics the nodes "
                                         f"do not share), got {attack!r}"))
     if config.theory is not None:
@@ -181,8 +176,6 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
 
 def _byzantine_count(config: ExperimentConfig) -> int:
     """How many Byzantine clients ``config`` places (its task's mask)."""
-    from robust_pfl.experiments import build_task
-
     return int(build_task(config, config.seeds[0]).byzantine.sum())
 
 
@@ -261,17 +254,15 @@ def remote_federation(config: ExperimentConfig, task: Any, seed: int, exchange: 
     """The server's federation for ``task`` in a run of ``method``: the simulator's
     ``build_federation`` without the data, and with the attack only when the strategy
     applies it."""
-    import attacks
-    from robust_pfl.devices import resolve_device
-
-    attack = attacks.build(config.attack.name, config.attack.options())
+    parts = built(config)
+    attack = parts.attack
     n_clients, n = task.train.inputs.shape[:2]
     schedule = ClientData(torch.arange(n).expand(n_clients, n).contiguous(),
                           torch.arange(n_clients).unsqueeze(1).expand(n_clients, n).contiguous())
     return RemoteFederation(
         objective=task.objective, train=schedule, cluster_ids=task.cluster_ids, byzantine=task.byzantine,
         seed=seed, batch_size=config.batch_size, attack=None if attack_on_node(attack, method) else attack,
-        device=resolve_device(config.device), num_classes=task.num_classes, exchange=exchange,
+        device=parts.device, num_classes=task.num_classes, exchange=exchange,
         param_dtype=task.train.inputs.dtype,
     )
 
@@ -292,15 +283,12 @@ class RobustStrategy:
     ``i`` to its Flower node id (learnt by a ``hello`` exchange)."""
 
     def __init__(self, method: Any, config: ExperimentConfig, seed: int, task: Any, timeout: float = 600.0) -> None:
-        import attacks
-        import defenses
-
         self.method, self.config, self.seed, self.timeout = method, config, seed, timeout
         self.federation = remote_federation(config, task, seed, self._exchange, method.name)
-        built = attacks.build(config.attack.name, config.attack.options())
+        attack = built(config).attack
         #: whether Byzantine nodes attack their replies themselves (not a data attack)
-        self.nodes_attack = attack_on_node(built, method.name) and built.poison is None
-        self.algorithm = defenses.build(method.name, self.federation, method.options())
+        self.nodes_attack = attack_on_node(attack, method.name) and attack.poison is None
+        self.algorithm = defenses.REGISTRY[method.name](self.federation, method_params(config, method))
         self.algorithm.snapshot_records = False
         self.grid: Grid | None = None
         self.node_of: dict[int, int] = {}
@@ -405,11 +393,11 @@ class RobustStrategy:
         """Run ``num_rounds`` rounds of the algorithm over ``grid``; ``on_round(done,
         record)`` after each.  Returns every node's personalised model ``[N, d]``."""
         self.connect(grid)
-        for round_index in range(num_rounds):
+
+        def before(round_index: int) -> None:
             self.round_index = round_index
-            record = self.algorithm.step(round_index)
-            if on_round is not None:
-                on_round(round_index + 1, record)
+
+        run_rounds(self.algorithm, num_rounds, before=before, after=on_round)
         return self.algorithm.client_models()
 
 
@@ -436,8 +424,6 @@ _NODES: dict[tuple[str, int, int], "NodeState"] = {}
 def _node_task(config: ExperimentConfig, key: str, seed: int) -> Any:
     """The run's task for ``seed`` as a node builds it (in simulation every node builds
     the deal and keeps only its own row: the same data the simulator deals)."""
-    from robust_pfl.experiments import build_task
-
     if (key, seed) not in _TASKS:
         _TASKS.clear()
         _NODES.clear()  # their rows are views into the task just dropped
@@ -462,14 +448,12 @@ class NodeState:
 def node_state(config: ExperimentConfig, key: str, seed: int, client: int) -> NodeState:
     """Node ``client``'s state for ``seed`` (cached per actor process under ``key``,
     the config's JSON)."""
-    import attacks
-
     if (key, seed, client) in _NODES:
         return _NODES[(key, seed, client)]
     task = _node_task(config, key, seed)
     inputs, targets = task.train.inputs[client], task.train.targets[client]
     byzantine = bool(task.byzantine[client])
-    attack = attacks.build(config.attack.name, config.attack.options()) if byzantine else None
+    attack = built(config).attack if byzantine else None
     if attack is not None and not attack_on_node(attack):
         attack = None  # the strategy applies it
     if attack is not None and attack.poison is not None:
@@ -531,15 +515,14 @@ def make_client_app(config: ExperimentConfig) -> Any:
 def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = False) -> dict[str, Any]:
     """Every method × seed of ``run`` as one Flower simulation
     (``flwr.simulation.run_simulation``, one ``ClientApp`` node per client), evaluated
-    and written as ``robust-pfl run`` writes (:func:`robust_pfl.results.write_results`:
+    and written as ``robust-pfl run`` writes (:func:`robust_pfl.engine.results.write_results`:
     ``summary.json`` and ``history.csv``)."""
     require_flwr()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from robust_pfl.experiments import build_task, honest_means
     from robust_pfl.provenance import provenance
-    from robust_pfl.results import ResultTable, write_results
+    from robust_pfl.engine.results import ResultTable, write_results
 
     config = run.config
     table = ResultTable()

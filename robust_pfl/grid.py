@@ -27,12 +27,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Collection, Iterable, Iterator, Sequence
 
-from robust_pfl.backends import Backend, CellOutcome, CellTask, LocalBackend
+from robust_pfl.backends import Backend, LocalBackend
+from robust_pfl.cells import CellOutcome, CellTask
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Grid, GridCell
 from robust_pfl.plugins import PluginSource, shipped_sources
 from robust_pfl.provenance import provenance
-from robust_pfl.results import json_safe, atomic_write_text, write_outputs
+from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.results import json_safe, atomic_write_text, write_outputs
 
 if TYPE_CHECKING:
     import pandas
@@ -179,8 +181,6 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
     the cells run one by one in this process.  ``progress``: a bar with ETA (default:
     on a terminal).
     """
-    from robust_pfl.experiments import progress_bar
-
     keys = [cell.cell for cell in grid.cells]
     if len(set(keys)) != len(keys):
         raise ValueError("grid cells must have distinct keys")

@@ -29,9 +29,9 @@ from typing import Any, Iterator, Sequence, get_origin
 import torch
 from pydantic import BaseModel
 
-from robust_pfl.config import ConfigError, ExperimentConfig, check_nesting, models_in, parse_config, parse_toml
+from robust_pfl.config import ConfigError, ExperimentConfig, check_nesting, models_in, parse_config, read_toml_file
 from robust_pfl.plugins import load_plugins, with_resolved_paths
-from robust_pfl.registry import did_you_mean
+from robust_pfl.engine.registry import did_you_mean
 
 GRID = "grid"
 RESOURCES = "resources"
@@ -132,15 +132,7 @@ def on_device(data: dict[str, Any], device: str | None, source: str) -> dict[str
 def read_grid_file(path: str | Path) -> dict[str, Any]:
     """The parsed TOML of a grid file, for callers that adjust it before
     :func:`expand_grid` (a recipe's quick mode)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"grid file not found: {path}") from None
-    except OSError as error:
-        raise ConfigError(f"cannot read grid {path} (a UTF-8 TOML file): {error.strerror or error}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(f"cannot read grid {path} (a UTF-8 TOML file): {error}") from None
-    return parse_toml(text, f"grid {path}")
+    return read_toml_file(path, "grid")
 
 
 def expand_grid(data: dict[str, Any], source: str) -> Grid:

@@ -59,7 +59,7 @@ import numpy as np
 import pandas as pd
 
 from robust_pfl.config import ConfigError
-from robust_pfl.results import BASE_COLUMNS, Content, close_figure, png_writer, write_files
+from robust_pfl.engine.results import BASE_COLUMNS, Content, close_figure, png_writer, write_files
 
 GRID_STORE = "results.csv"
 RUN_HISTORY = "history.csv"

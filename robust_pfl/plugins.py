@@ -32,7 +32,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Sequence
 
-from robust_pfl.config import ConfigError
+from robust_pfl.engine.errors import ConfigError
 
 ENTRY_POINT_GROUP = "robust_pfl.plugins"
 #: The attribute holding the source text a plug-in file was executed from.

@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from robust_pfl.version import __version__
+
 #: How long ``git rev-parse`` may take before the commit is recorded as unknown.
 GIT_TIMEOUT_S = 2.0
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -50,8 +52,6 @@ def git_commit(package_dir: Path = PACKAGE_DIR) -> str | None:
 
 
 def package_version() -> str:
-    from robust_pfl import __version__
-
     return __version__
 
 

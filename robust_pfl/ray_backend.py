@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 import ray
 from ray.exceptions import RayError, RayTaskError
 
-from robust_pfl.backends import CellOutcome, CellTask, execute_cell
+from robust_pfl.cells import CellOutcome, CellTask, execute_cell
 from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Resources
 

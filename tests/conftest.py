@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from robust_pfl.types import AttackBase
+from robust_pfl.engine.types import AttackBase
 
 import pytest
 import torch

@@ -41,7 +41,7 @@ from defenses.robust_aggregators import (
     describe,
     make_aggregator,
 )
-from robust_pfl.conformance import ConformanceError
+from robust_pfl.engine.conformance import ConformanceError
 from defenses.conformance import (
     HOSTILE_ROWS,
     check_aggregator,
@@ -52,8 +52,8 @@ from defenses.conformance import (
     check_shapes_and_batching,
 )
 from robust_pfl import Federation
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -5,7 +5,7 @@ field."""
 
 from __future__ import annotations
 
-from robust_pfl.types import AttackBase
+from robust_pfl.engine.types import AttackBase
 
 import dataclasses
 from pathlib import Path

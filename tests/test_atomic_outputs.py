@@ -1,6 +1,6 @@
 """Outputs are written atomically, and summary.json is the completion mark: wherever
 a summary.json exists, every output beside it is from the same finished call
-(robust_pfl.results module docstring), whatever point a run is killed at."""
+(robust_pfl.engine.results module docstring), whatever point a run is killed at."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from robust_pfl import results
-from robust_pfl.results import SUMMARY, save_png, write_outputs
+from robust_pfl.engine import results
+from robust_pfl.engine.results import SUMMARY, save_png, write_outputs
 
 OUTPUTS = ("table.md", "history.csv", "figure.png")
 
@@ -97,7 +97,7 @@ def test_summary_cannot_be_passed_as_a_file(tmp_path):
 CHILD = """
 import sys
 from pathlib import Path
-from robust_pfl.results import write_outputs
+from robust_pfl.engine.results import write_outputs
 out = Path(sys.argv[1])
 g = 0
 while True:
@@ -222,7 +222,7 @@ def test_fig2_outputs_are_atomic_and_summary_last(tmp_path, monkeypatch, replace
 
 def test_fig3_outputs_are_atomic_and_summary_last(tmp_path, monkeypatch, replaced):
     from robust_pfl.recipes import fig3
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     def run_method(spec, config, seed, on_round=None, task=None):  # no training: the writes are tested
         table = ResultTable()
@@ -237,7 +237,7 @@ def test_fig3_outputs_are_atomic_and_summary_last(tmp_path, monkeypatch, replace
 
 
 def test_run_command_outputs_are_atomic_and_summary_last(tmp_path, replaced):
-    from robust_pfl.results import ResultTable, write_results
+    from robust_pfl.engine.results import ResultTable, write_results
 
     table = ResultTable()
     table.add("local", 0, 1, {"loss": 1.0})
@@ -268,6 +268,6 @@ def test_theory_report_figures_use_the_core_helper_and_the_core_needs_no_theory_
     import theory_checks.report_figures as report_figures
 
     assert report_figures.save_png is save_png
-    probe = "import sys, robust_pfl.results; print('theory_checks' in sys.modules)"
+    probe = "import sys, robust_pfl.engine.results; print('theory_checks' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "False"

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import attacks
 from attacks.statistical import alie_z
 from attacks.conformance import check_metadata, identical, messages
-from robust_pfl.types import AttackBase, AttackContext, attack_reads_own_rows
+from robust_pfl.engine.types import AttackBase, AttackContext, attack_reads_own_rows
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -271,7 +271,7 @@ def test_invalid_hyperparameters_name_the_field(name, options, field):
     ("ipm", {"epss": 0.1}, "ipm.epss is not an option (did you mean 'eps'?); attack 'ipm' accepts the fields: eps"),
 ])
 def test_option_errors_name_the_field_what_it_accepts_and_what_was_given(name, options, message):
-    """One wording for every attack option (robust_pfl.validation), whether built from
+    """One wording for every attack option (robust_pfl.engine.validation), whether built from
     a config or constructed directly; bools are not numbers."""
     for build in (lambda: attacks.build(name, options), lambda: attacks.REGISTRY[name](**options)):
         with pytest.raises(ValueError) as info:
@@ -287,7 +287,7 @@ def test_built_in_attacks_stay_frozen_dataclasses(name):
     option described for ``robust-pfl attacks``."""
     import pickle
 
-    from robust_pfl.registry import init_parameters
+    from robust_pfl.engine.registry import init_parameters
 
     cls = attacks.REGISTRY[name]
     options = dict(EXAMPLES.get(name, [{}])[0])
@@ -622,8 +622,8 @@ def test_an_attack_must_subclass_the_declared_contract():
 
     with pytest.raises(TypeError, match="undeclared_test.*AttackBase"):
         attacks.register(Undeclared)
-    from robust_pfl.tasks import SyntheticLinearRegression
-    from robust_pfl.federation import Federation
+    from robust_pfl.engine.tasks import SyntheticLinearRegression
+    from robust_pfl.engine.federation import Federation
 
     task = SyntheticLinearRegression(clusters=2, clients_per_cluster=2).build(0, byzantine_total=1)
     with pytest.raises(TypeError, match="AttackBase.*got Undeclared"):

@@ -22,9 +22,9 @@ from attacks.backdoor import DBA, BadNets, ModelReplacement
 from robust_pfl.cli import main
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import RunParts, run_experiment
-from robust_pfl.metrics import attack_success_rate
+from robust_pfl.engine.metrics import attack_success_rate
 from robust_pfl.summaries import summary_table
-from robust_pfl.tasks.transforms import normalization_stats
+from robust_pfl.engine.tasks.transforms import normalization_stats
 
 
 def config(attack: dict, byzantine: int = 4, rounds: int = 100, seeds: tuple[int, ...] = (0,)):

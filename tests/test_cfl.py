@@ -17,9 +17,9 @@ import attacks
 from defenses import build
 from defenses.cfl import ClusteredFL, bipartition, cosine_similarities
 from robust_pfl import ClientData, Federation, Objective
-from robust_pfl.metrics import adjusted_rand_index
-from robust_pfl.objectives import linear_regression
-from robust_pfl.tasks import SyntheticLinearRegression
+from robust_pfl.engine.metrics import adjusted_rand_index
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.tasks import SyntheticLinearRegression
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -27,11 +27,11 @@ from defenses.cgpfl import (
 )
 from defenses.kmeans_init import kmeans
 from robust_pfl import Federation
-from robust_pfl.data import ClientData
-from robust_pfl.metrics import adjusted_rand_index
-from robust_pfl.objectives import linear_regression
-from robust_pfl.tasks import ImageTask, SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.metrics import adjusted_rand_index
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.tasks import ImageTask, SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 F64 = torch.float64
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 import defenses
-from robust_pfl import checkpoint as checkpoints
-from robust_pfl.checkpoint import CheckpointError, checkpoint_name, load_checkpoint, save_checkpoint
+from robust_pfl.checkpoint import checkpoint_name
+from robust_pfl.engine import pickling as checkpoints
+from robust_pfl.engine.pickling import CheckpointError, load_checkpoint, save_checkpoint
 from robust_pfl.cli import main
 from robust_pfl.config import ConfigError, load_config, parse_config
 from robust_pfl.experiments import load_run, run_experiment, run_method, validate

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 import defenses
 from defenses.clove import CLoVE, agglomerative, kmeans_labels, min_cost_matching
 from robust_pfl import Federation
-from robust_pfl.metrics import adjusted_rand_index
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.tasks.images import ImageTask
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.metrics import adjusted_rand_index
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.tasks.images import ImageTask
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -3,7 +3,7 @@ on a CUDA device (marker ``cuda``), each test also run on the CPU so that its lo
 checked wherever the suite runs.  The CUDA cases are reported as skipped, with the
 reason, on a machine without CUDA; ``python -m pytest -m cuda`` runs them on a GPU.
 
-On CUDA each case runs with :func:`robust_pfl.seeding.deterministic_kernels_within`
+On CUDA each case runs with :func:`robust_pfl.engine.seeding.deterministic_kernels_within`
 (as every run does) and must raise no warning: an op without a deterministic CUDA
 kernel warns there, and the quick start must print none."""
 
@@ -22,12 +22,12 @@ import torch
 import attacks
 import defenses
 from robust_pfl.cli import main
-from robust_pfl.devices import engine, same_device
-from robust_pfl.federation import Federation
+from robust_pfl.engine.devices import engine, same_device
+from robust_pfl.engine.federation import Federation
 from robust_pfl.grid import read_results, run_grid
 from robust_pfl.grid_file import load_grid
-from robust_pfl.seeding import deterministic_kernels_within
-from robust_pfl.types import AttackContext
+from robust_pfl.engine.seeding import deterministic_kernels_within
+from robust_pfl.engine.types import AttackContext
 from test_checkpoint import config_of, exact, resumed, uninterrupted
 from test_defense_conformance import HOSTILE, METHODS, build_method, make_task, options_for
 

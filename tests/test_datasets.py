@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from robust_pfl.datasets import (
+from robust_pfl.engine.datasets import (
     DATA_ENV_VAR,
     DATASETS,
     DatasetError,
@@ -33,8 +33,8 @@ from robust_pfl.datasets import (
     resolve_data_dir,
     verify_files,
 )
-from robust_pfl.datasets.download import MNIST_CHECKSUMS, Checksum
-from robust_pfl.datasets.idx import IDX_DTYPES, IDX_FILES
+from robust_pfl.engine.datasets.download import MNIST_CHECKSUMS, Checksum
+from robust_pfl.engine.datasets.idx import IDX_DTYPES, IDX_FILES
 
 RNG = np.random.default_rng(1234)
 
@@ -522,7 +522,7 @@ def test_bundled_digits_file_equals_scikit_learns_loader():
     """The CSV read without importing scikit-learn is exactly ``load_digits()``."""
     from sklearn.datasets import load_digits as sklearn_digits
 
-    from robust_pfl.datasets.digits import _bundled_digits
+    from robust_pfl.engine.datasets.digits import _bundled_digits
 
     images, labels = _bundled_digits()
     reference = sklearn_digits()

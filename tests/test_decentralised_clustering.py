@@ -24,9 +24,9 @@ from defenses.decentralised_clustering import (
 from defenses.radius import make_radius
 from defenses.threshold_clustering import threshold_clustering
 from robust_pfl import Federation, mlp
-from robust_pfl.data import ClientData
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

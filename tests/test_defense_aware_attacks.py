@@ -23,7 +23,7 @@ import defenses
 from attacks.conformance import check_metadata
 from attacks.defense_aware import ClippedClusteringAttack, SignGuardAttack
 from defenses.filtering_aggregators import agglomerate, two_means
-from robust_pfl.types import AttackContext
+from robust_pfl.engine.types import AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

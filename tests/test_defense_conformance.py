@@ -30,12 +30,12 @@ import torch
 
 import attacks
 import defenses
-from robust_pfl.data import ClientData
-from robust_pfl.objectives import logistic_regression
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.objectives import logistic_regression
 from defenses import AGGREGATORS, REGISTRY
 from robust_pfl import Federation, RoundRecord
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 ALGORITHMS = sorted(REGISTRY)
 # method case -> (registered algorithm, extra options); plain names map to themselves

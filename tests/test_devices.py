@@ -1,4 +1,4 @@
-"""The device helpers of :mod:`robust_pfl.devices` on the CPU: one comparison that
+"""The device helpers of :mod:`robust_pfl.engine.devices` on the CPU: one comparison that
 reads ``cuda`` as the current CUDA device, ``auto`` resolution, default memory
 budgets, the engine switch, and ``--device`` on every command that runs work."""
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import defenses
-from robust_pfl import devices
+from robust_pfl.engine import devices
 from robust_pfl.cli import main
 from robust_pfl.config import ConfigError, load_config, parse_config
-from robust_pfl.devices import describe_device, engine, memory_budget_mb, resolve_device, same_device, using_engine
+from robust_pfl.engine.devices import describe_device, engine, memory_budget_mb, resolve_device, same_device, using_engine
 from robust_pfl.experiments import validate
 from robust_pfl.grid_file import Grid, GridCell, Resources, load_grid
 from test_defense_conformance import make_federation, make_task  # the conformance suite's small task

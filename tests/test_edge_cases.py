@@ -19,10 +19,10 @@ from defenses.primitives import admissible_points
 from defenses.robust_aggregators import AGGREGATORS, make_aggregator
 from defenses.threshold_clustering import METHODS, nearest_centre, threshold_clustering
 from robust_pfl import Federation, experiments
-from robust_pfl.data import ClientData
+from robust_pfl.engine.data import ClientData
 from robust_pfl.grid import run_grid
 from robust_pfl.grid_file import expand_grid
-from robust_pfl.objectives import linear_regression
+from robust_pfl.engine.objectives import linear_regression
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

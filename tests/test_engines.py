@@ -1,4 +1,4 @@
-"""The accelerator's batched engine (``robust_pfl.devices.engine``) run on the CPU
+"""The accelerator's batched engine (``robust_pfl.engine.devices.engine``) run on the CPU
 against the CPU's blocked engine: the same mathematics in larger products, so every
 kernel it changes and every algorithm built on them gives the blocked engine's results
 to rounding.  (On a GPU the ``cuda`` tests run the batched engine on its own device.)"""
@@ -16,10 +16,10 @@ import defenses
 from defenses import row_reads
 from defenses.clustering_algorithms import PAIRWISE_MAX_POINTS, PAIRWISE_MAX_POINTS_BATCHED, ClusteringParams
 from defenses.pairwise_clustering import lower_nanmedian
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.devices import using_engine
-from robust_pfl.federation import Federation
-from robust_pfl.objectives import DenseNetwork
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.devices import using_engine
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.objectives import DenseNetwork
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 tc = importlib.import_module("defenses.threshold_clustering")  # the module (the package exports its function)
@@ -46,7 +46,7 @@ def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-10) -> bool:
 @pytest.fixture
 def small_blocks(monkeypatch):
     """Cache blocks of a few rows, so that the blocked engine loops at these sizes."""
-    monkeypatch.setattr("robust_pfl.objectives._CACHE_BLOCK_BYTES", 2 * 8 * 40 * 8)
+    monkeypatch.setattr("robust_pfl.engine.objectives._CACHE_BLOCK_BYTES", 2 * 8 * 40 * 8)
     monkeypatch.setattr(row_reads, "_BLOCK_BYTES", 3 * 1500 * 8)
     monkeypatch.setattr(tc, "_FUSED_BLOCK_BYTES", 4 * 1500 * 8)
 

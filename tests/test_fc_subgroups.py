@@ -8,7 +8,7 @@ import torch
 
 from defenses import build
 from robust_pfl import Federation
-from robust_pfl.tasks import SyntheticLinearRegression
+from robust_pfl.engine.tasks import SyntheticLinearRegression
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

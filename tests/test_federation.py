@@ -15,10 +15,10 @@ import attacks
 from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
 from robust_pfl import Federation
-from robust_pfl.data import ClientData
-from robust_pfl.objectives import linear_regression
-from robust_pfl.tasks import SyntheticLinearRegression, place_clients
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.tasks import SyntheticLinearRegression, place_clients
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 
 def small_task(seed: int = 0, byzantine_total: int = 2, dtype=torch.float64, **overrides):

@@ -11,7 +11,7 @@ testbed's own: hostile rows never reach an honest model, and what finite ones do
 
 from __future__ import annotations
 
-from robust_pfl.types import AttackBase
+from robust_pfl.engine.types import AttackBase
 
 import math
 
@@ -22,9 +22,9 @@ import attacks
 import defenses
 from defenses.fedspd import FedSPD, cluster_weights, per_sample_losses
 from robust_pfl import Federation
-from robust_pfl.data import ClientData
-from robust_pfl.graphs import GraphSpec, federation_graph, make_graph
-from robust_pfl.objectives import linear_regression, mlp
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.graphs import GraphSpec, federation_graph, make_graph
+from robust_pfl.engine.objectives import linear_regression, mlp
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

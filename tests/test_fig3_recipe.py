@@ -54,7 +54,7 @@ def test_tiny_run_writes_tidy_results(tmp_path):
 
 
 def test_rounds_to_reach_is_first_hit():
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     table = ResultTable()
     for round_index, value in [(0, 5.0), (10, 1e-3), (20, 1e-7), (30, 1e-9)]:
@@ -66,7 +66,7 @@ def test_rounds_to_reach_is_first_hit():
 def test_selection_prefers_faster_convergence_and_rejects_divergence():
     """Two runs ending at the same round-off value: the one that got there sooner scores
     lower; a run with a non-finite validation loss is never chosen."""
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     fast, slow, diverged = ResultTable(), ResultTable(), ResultTable()
     for round_index, (a, b, c) in enumerate([(1.0, 1.0, 1.0), (1e-20, 1e-3, float("inf")), (1e-26, 1e-26, 1.0)]):

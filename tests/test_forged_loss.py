@@ -19,9 +19,9 @@ import torch
 import attacks
 import defenses
 from robust_pfl import Federation
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.tasks.images import ImageTask
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks.images import ImageTask
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

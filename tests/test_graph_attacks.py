@@ -16,10 +16,10 @@ import defenses
 from attacks.graph_attacks import NeighbourPoison
 from defenses.threshold_clustering import threshold_clustering
 from robust_pfl import Federation
-from robust_pfl.graphs import GraphSpec, federation_graph, make_graph
-from robust_pfl.seeding import generator
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.graphs import GraphSpec, federation_graph, make_graph
+from robust_pfl.engine.seeding import generator
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

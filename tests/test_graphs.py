@@ -1,4 +1,4 @@
-"""Communication graphs and per-edge delivery (robust_pfl.graphs, defenses.graph_rounds)."""
+"""Communication graphs and per-edge delivery (robust_pfl.engine.graphs, defenses.graph_rounds)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import attacks
 from attacks._stats import fill_normal
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from robust_pfl import ClientData, Federation
-from robust_pfl.graphs import Graph, GraphSpec, federation_graph, make_graph, place_byzantine
-from robust_pfl.objectives import linear_regression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.graphs import Graph, GraphSpec, federation_graph, make_graph, place_byzantine
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 KINDS = ["complete", "erdos_renyi", "barabasi_albert", "random_geometric"]
 

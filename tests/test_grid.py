@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from robust_pfl import experiments
-from robust_pfl.backends import CellOutcome, CellTask, LocalBackend, execute_cell, make_backend
+from robust_pfl.backends import LocalBackend, make_backend
+from robust_pfl.cells import CellOutcome, CellTask, execute_cell
 from robust_pfl.cli import main
 from robust_pfl.config import ConfigError
 from robust_pfl.grid import read_results, run_grid
@@ -254,7 +255,7 @@ def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch,
     """A cell that fails after its checkpoint at round 2 is recorded as errored and
     keeps its checkpoint; the rerun steps only rounds 2-5 and stores what an
     uninterrupted run stores.  Each checkpoint and the resume are reported on stderr."""
-    from robust_pfl.federation import Federation
+    from robust_pfl.engine.federation import Federation
 
     one_cell = {"seeds": [0], "methods": [{"name": "fc", "lr": 0.05, "heavy_ball": 0.9}],
                 "grid": {"attack": [{"name": "large_gradient"}], "byzantine": {"total": [2]}}}

@@ -149,7 +149,8 @@ def test_a_worker_whose_grid_died_while_it_started_exits_before_taking_a_cell():
 
 POOL_KILLED = """
 import os, signal, sys, threading, time
-from robust_pfl.backends import CellTask, LocalBackend
+from robust_pfl.backends import LocalBackend
+from robust_pfl.cells import CellTask
 config = {"seeds": [0], "rounds": 10**6, "task": {"clusters": 1, "clients_per_cluster": 2},
           "methods": [{"name": "local"}]}
 backend = LocalBackend(jobs=2)

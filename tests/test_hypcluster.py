@@ -17,9 +17,9 @@ from defenses import build
 from defenses.hypcluster import HypCluster
 from defenses.ifca import IFCAModelAveraging
 from robust_pfl import ClientData, Federation, ScalarFunctions
-from robust_pfl.metrics import adjusted_rand_index
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.tasks import SyntheticLinearRegression
+from robust_pfl.engine.metrics import adjusted_rand_index
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks import SyntheticLinearRegression
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

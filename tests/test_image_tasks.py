@@ -1,4 +1,4 @@
-"""Clustered image tasks (:mod:`robust_pfl.tasks.images`): cluster transforms, dealing,
+"""Clustered image tasks (:mod:`robust_pfl.engine.tasks.images`): cluster transforms, dealing,
 sizes, determinism, validation and the per-epoch reshuffle.
 
 Most tests use a tiny synthetic :class:`LabelledImages` of random images, so every
@@ -17,13 +17,13 @@ import pytest
 import torch
 from torch import Tensor
 
-from robust_pfl.data import ClientData
-from robust_pfl.datasets import DATA_ENV_VAR, DatasetError, LabelledImages, load_mnist, resolve_data_dir
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.seeding import generator
-from robust_pfl.tasks.images import KINDS, ImageTask
-from robust_pfl.tasks.partition import deal, dirichlet_proportions, largest_remainder
-from robust_pfl.tasks.transforms import MNIST_MEAN, MNIST_STD
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.datasets import DATA_ENV_VAR, DatasetError, LabelledImages, load_mnist, resolve_data_dir
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.seeding import generator
+from robust_pfl.engine.tasks.images import KINDS, ImageTask
+from robust_pfl.engine.tasks.partition import deal, dirichlet_proportions, largest_remainder
+from robust_pfl.engine.tasks.transforms import MNIST_MEAN, MNIST_STD
 
 CLASSES = 8
 

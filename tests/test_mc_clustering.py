@@ -15,7 +15,7 @@ from defenses.clustering_algorithms import collapsed
 from defenses.kmeans_init import dense_rows
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import RunParts
-from robust_pfl.metrics import adjusted_rand_index
+from robust_pfl.engine.metrics import adjusted_rand_index
 
 PRINTED = {"alpha": 0.1, "seed_from": "all", "reseed": "never"}  # Alg. 4 with the old defaults
 

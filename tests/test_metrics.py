@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
-from robust_pfl.metrics import accuracy, adjusted_rand_index, negative_log_likelihood
+from robust_pfl.engine.metrics import accuracy, adjusted_rand_index, negative_log_likelihood
 
 
 def test_accuracy_and_nll_by_hand():

@@ -1,5 +1,5 @@
-"""Tests for the image classifiers (robust_pfl.networks) and the prediction API of
-robust_pfl.objectives.Objective (outputs, features, paired_outputs/features/accuracy).
+"""Tests for the image classifiers (robust_pfl.engine.networks) and the prediction API of
+robust_pfl.engine.objectives.Objective (outputs, features, paired_outputs/features/accuracy).
 
 Gradients and losses of every network kind are checked against an independent
 reference: a plain ``torch.nn`` module with the flat row loaded into its parameters,
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.nn.utils import vector_to_parameters
 
 from robust_pfl import Batch, DenseNetwork, Objective
-from robust_pfl.networks import (
+from robust_pfl.engine.networks import (
     ModuleObjective,
     logistic,
     make_network,

@@ -28,7 +28,7 @@ import attacks.scale_search  # registers optimal_alie, optimal_ipm
 import attacks.simple  # registers inf
 import defenses
 from attacks.conformance import check_metadata, messages
-from robust_pfl.types import AttackContext
+from robust_pfl.engine.types import AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -1,5 +1,5 @@
-"""Tests for the batched client objectives (robust_pfl.objectives) and client data
-sampling (robust_pfl.data).
+"""Tests for the batched client objectives (robust_pfl.engine.objectives) and client data
+sampling (robust_pfl.engine.data).
 
 The algorithms need g_i(x_i) (Alg. 1, 4), g_j(x_m) for every model m and client j
 (Federated-Clustering, Alg. 2 step 5) and f_j(x_m) (IFCA's choice).  DenseNetwork's
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robust_pfl import Batch, ClientData, DenseNetwork, Federation, Objective
-from robust_pfl import objectives
+from robust_pfl.engine import objectives
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

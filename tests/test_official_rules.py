@@ -28,7 +28,7 @@ from defenses.clustering_algorithms import FederatedClusteringParams
 from defenses.radius import CenterDistanceRadius, QuantileRadius, make_radius
 from defenses.threshold_clustering import threshold_clustering
 from robust_pfl import ClientData, Federation, linear_regression
-from robust_pfl.types import AttackContext
+from robust_pfl.engine.types import AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -24,10 +24,10 @@ from defenses.ifca import IFCA, IFCAModelAveraging
 from defenses.knn_per import KNNPer
 from defenses.primitives import admissible_group_mean
 from robust_pfl import Federation
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.objectives import DenseNetwork, linear_regression
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.objectives import DenseNetwork, linear_regression
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 F64 = torch.float64
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from robust_pfl.config import ConfigError, parse_config
-from robust_pfl.placement import ByzantinePlacement
+from robust_pfl.engine.placement import ByzantinePlacement
 
 
 def per_cluster(ids: torch.Tensor, byzantine: torch.Tensor, clusters: int) -> list[int]:

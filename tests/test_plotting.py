@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 from robust_pfl import plotting  # noqa: E402
 from robust_pfl.cli import main  # noqa: E402
 from robust_pfl.config import ConfigError  # noqa: E402
-from robust_pfl.results import write_files  # noqa: E402
+from robust_pfl.engine.results import write_files  # noqa: E402
 
 AXES = ["attack", "method", "seed", "byzantine.total"]
 FIGURES = ("curves", "heatmap", "byzantine_fraction")  # the three figures

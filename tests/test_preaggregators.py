@@ -408,7 +408,7 @@ def test_global_runs_with_a_pre_aggregated_aggregator_under_large_rows():
     import defenses
     from defenses.conformance import HostileRows
     from robust_pfl import Federation
-    from robust_pfl.tasks import SyntheticLinearRegression
+    from robust_pfl.engine.tasks import SyntheticLinearRegression
 
     task = SyntheticLinearRegression(clusters=2, clients_per_cluster=4, dim=5, samples_per_client=6,
                                      validation_samples=4, test_samples=4, scale=10.0).build(0, byzantine_total=2,

@@ -54,7 +54,7 @@ def test_table1_quick_exits_1_when_a_cell_errored(tmp_path, monkeypatch, capsys)
 
 
 def test_fig3_quick(tmp_path, monkeypatch, capsys):
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     def run_method(spec, config, seed, on_round=None, task=None):  # every method alike: the claims fail
         table = ResultTable()

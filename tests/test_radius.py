@@ -186,7 +186,7 @@ def test_make_radius_errors_name_the_field(spec, words):
      {"policy": "quantile", "q": 0.2, "rule": "official"}, {"policy": "cd", "fit": "kmeans++"}],
 )
 def test_radius_policies_stay_frozen_dataclasses(spec):
-    """Validated by pydantic (robust_pfl.validation), still frozen dataclasses: equal
+    """Validated by pydantic (robust_pfl.engine.validation), still frozen dataclasses: equal
     and hashable by value, pickled in checkpoints, replaced field by field."""
     import dataclasses
     import pickle

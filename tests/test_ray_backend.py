@@ -14,7 +14,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs Ray: pip install 'robust-pfl[ray]'")
 
-from robust_pfl.backends import CellOutcome, CellTask, LocalBackend, make_backend  # noqa: E402
+from robust_pfl.backends import LocalBackend, make_backend  # noqa: E402
+from robust_pfl.cells import CellOutcome, CellTask  # noqa: E402
 from robust_pfl.cli import main  # noqa: E402
 from robust_pfl.config import ConfigError  # noqa: E402
 from robust_pfl.grid import read_results, run_grid  # noqa: E402

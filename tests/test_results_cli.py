@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from robust_pfl.cli import main
-from robust_pfl.results import ResultTable, write_results
+from robust_pfl.engine.results import ResultTable, write_results
 
 HISTORY_COLUMNS = ["method", "seed", "round", "metric", "value"]
 

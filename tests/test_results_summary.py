@@ -26,7 +26,7 @@ from robust_pfl import experiments, provenance
 from robust_pfl.cli import main
 from robust_pfl.grid import run_grid
 from robust_pfl.grid_file import expand_grid
-from robust_pfl.results import ResultTable, summary_text
+from robust_pfl.engine.results import ResultTable, summary_text
 from robust_pfl.summaries import compare_tables, load_finals, render, summary_table
 
 pytestmark = pytest.mark.usefixtures("single_thread")

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robust_pfl.data import ClientData
-from robust_pfl.objectives import DenseNetwork, linear_regression
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.objectives import DenseNetwork, linear_regression
 from theory_checks.estimators import (
     SeparationFrontier,
     batch_noise,

@@ -255,7 +255,7 @@ def test_random_start_on_two_point_clusters_outgrows_the_bound():
 def test_cluster_data_is_shared_within_clusters():
     ids = torch.tensor([0, 0, 1, 1, 1, 0])
     inputs = torch.arange(6 * 2 * 3, dtype=torch.float64).reshape(6, 2, 3)
-    from robust_pfl.data import ClientData
+    from robust_pfl.engine.data import ClientData
 
     shared = shared_cluster_data(ClientData(inputs, inputs[..., 0]), ids)
     first = torch.tensor([0, 0, 2, 2, 2, 0])
@@ -339,7 +339,7 @@ def test_path_statistics_bound_the_visited_gradients():
     """The runs' sigma^2 is at least the spread at the minimisers (the start is farther);
     the visited separation is at most the one at the shared start x_0, computed here by
     hand; the momenta's gap is measured on MC's momenta (which start at 0)."""
-    from robust_pfl.data import ClientData
+    from robust_pfl.engine.data import ClientData
     from theory_checks.scaling_rate_problem import federation_for
 
     problem = rate_problem(TINY_RATES)

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from robust_pfl.data import Batch
-from robust_pfl.objectives import Objective
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.objectives import Objective
 from theory_checks import bounds
 from theory_checks.separated_instance import RampObjective, SeparatedSizes, separated_problem
 from theory_checks.statements import run_checks

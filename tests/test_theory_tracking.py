@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from robust_pfl.config import ConfigError, MethodConfig, load_config, parse_config
-from robust_pfl.data import ClientData
+from robust_pfl.engine.data import ClientData
 from robust_pfl.experiments import build_task, run_method, validate
-from robust_pfl.tasks import Task
+from robust_pfl.engine.tasks import Task
 from theory_checks.estimators import gradient_noise, intra_cluster_ratio, separation
 from theory_checks.tracking import TheoryTracker
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from robust_pfl import cli, experiments
-from robust_pfl.experiments import ProgressLines, progress_bar
+from robust_pfl.engine import progress
+from robust_pfl.engine.progress import ProgressLines, progress_bar
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +90,7 @@ class FakeClock:
 def test_the_default_for_run_is_the_free_cores(tiny_config, tmp_path, monkeypatch, two_threads, others, expected):
     """No --threads: ``auto``; the run's work gets the cores other processes leave free
     (None: no /proc/stat, one thread)."""
-    from robust_pfl import threads
+    from robust_pfl.engine import threads
 
     seen, real = [], experiments.run_method
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
@@ -105,7 +106,7 @@ def test_the_default_for_run_is_the_free_cores(tiny_config, tmp_path, monkeypatc
 
 
 def test_auto_threads_follow_the_load_while_running(monkeypatch, two_threads):
-    from robust_pfl.threads import AutoThreads
+    from robust_pfl.engine.threads import AutoThreads
 
     load, slept = [0.0], []
     policy = AutoThreads(cores=2, every=5.0, clock=FakeClock(load), sleep=slept.append)
@@ -125,7 +126,7 @@ def test_auto_threads_follow_the_load_while_running(monkeypatch, two_threads):
 
 
 def test_load_clock_counts_other_processes_only():
-    from robust_pfl.threads import LoadClock, free_threads
+    from robust_pfl.engine.threads import LoadClock, free_threads
 
     busy, own, now = iter([100.0, 103.0]), iter([5.0, 6.0]), iter([10.0, 12.0])
     clock = LoadClock(busy=lambda: next(busy), own=lambda: next(own), clock=lambda: next(now))
@@ -244,7 +245,7 @@ def test_progress_lines_are_rate_limited(monkeypatch):
     stream = io.StringIO()
     monkeypatch.setattr(sys, "stderr", stream)
     clock = iter([0.0, 1.0, 2.0, 12.0, 13.0, 30.0, 31.0, 32.0])
-    monkeypatch.setattr(experiments.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
     with ProgressLines(10, "job", interval=10.0) as bar:  # start at t = 0
         bar.set_postfix_str("m seed=0")
         bar.update()  # t = 1: too soon

@@ -34,8 +34,8 @@ from defenses.trust_aggregation import (
     foolsgold_weights,
 )
 from robust_pfl import Federation
-from robust_pfl.tasks import SyntheticLinearRegression
-from robust_pfl.types import AttackBase, AttackContext
+from robust_pfl.engine.tasks import SyntheticLinearRegression
+from robust_pfl.engine.types import AttackBase, AttackContext
 
 F64 = torch.float64
 

@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from robust_pfl import cli
 from robust_pfl.config import ConfigError, load_config
-from robust_pfl.datasets import DatasetError
-from robust_pfl.datasets.idx import IDX_FILES, parse_idx
+from robust_pfl.engine.datasets import DatasetError
+from robust_pfl.engine.datasets.idx import IDX_FILES, parse_idx
 from robust_pfl.experiments import validate
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.tasks.images import ImageTask
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks.images import ImageTask
 
 from test_config import METHOD, QUICKSTART, write  # the config tests' helpers
 
@@ -325,7 +325,7 @@ def test_any_idx_header_parses_or_names_the_file(shape, payload):
 def test_fig3_quick_says_it_checks_nothing_and_exits_0(tmp_path, monkeypatch, capsys):
     from robust_pfl.recipes import fig3
 
-    from robust_pfl.results import ResultTable
+    from robust_pfl.engine.results import ResultTable
 
     def run_method(spec, config, seed, on_round=None, task=None):  # every method the same: FC beats nothing
         table = ResultTable()

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from robust_pfl.results import atomic_write_text, write_summary
+from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.results import atomic_write_text, write_summary
 from theory_checks.fitting import LEVEL
 from theory_checks.report_figures import plot_scaling
 from theory_checks.statements import registry
@@ -227,7 +228,7 @@ def figure_paths(name: str, result: CheckResult, figures: dict[str, str]) -> lis
 def jsonable(value: Any) -> Any:
     """Plain JSON types for a result (dataclasses, numpy, torch, paths), non-finite
     floats spelled ``"inf"``, ``"-inf"``, ``"nan"`` as
-    :func:`robust_pfl.results.write_summary` does."""
+    :func:`robust_pfl.engine.results.write_summary` does."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
     if isinstance(value, dict):
@@ -246,15 +247,13 @@ def jsonable(value: Any) -> Any:
 
 
 def _non_finite(value: float) -> str:
-    """The spelling of :func:`robust_pfl.results.write_summary` (strict JSON)."""
+    """The spelling of :func:`robust_pfl.engine.results.write_summary` (strict JSON)."""
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
 def _run_checks(budget: Budget, names: list[str] | None, seeds: int) -> dict[int, dict[str, CheckResult]]:
     """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, with progress: a bar on a
     terminal, else a line on stderr per finished check (``progress_bar``)."""
-    from robust_pfl.experiments import progress_bar
-
     chosen = list(registry.STATEMENTS) if names is None else list(names)
     if any(name not in registry.STATEMENTS for name in chosen):
         registry.run_checks(budget, chosen, 0)  # raises, naming them, before any check runs

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from robust_pfl.results import save_png
+from robust_pfl.engine.results import save_png
 from theory_checks.types import CheckResult, PowerLaw
 
 ROW_KEYS = frozenset({"variable", "x", "repeat", "error"})

@@ -57,6 +57,8 @@ import torch
 from torch import Tensor
 
 import defenses
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.types import RoundRecord
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
 from theory_checks.scaling_rate_problem import RATE_BUDGETS, federation_for, rate_problem
 from theory_checks.types import Hypothesis
@@ -192,13 +194,16 @@ def _run(problem, quadratics: Quadratics, options: dict[str, Any], horizon: int,
     copy_step = options["lr"] * options["lambda"]
     states = []
     models, assignment = algorithm.cluster_models().clone(), algorithm.assignment.clone()
-    for round_index in range(horizon):
-        record = algorithm.step(round_index)
+
+    def after(done: int, record: RoundRecord) -> None:
+        nonlocal models, assignment
         # the reading of round t: Omega^t with the clusters it was formed for, and the
         # personal models / copies of the round that followed it
         states.append(_read_round(quadratics, models, assignment, algorithm.client_models(),
                                   record.extras["uploaded"], copy_step))
         models, assignment = record.centres.clone(), record.assignment.clone()
+
+    run_rounds(algorithm, horizon, after=after)
     return states
 
 

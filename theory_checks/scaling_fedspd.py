@@ -56,10 +56,12 @@ from torch import Tensor
 
 import defenses
 from defenses.fedspd import cluster_weights
-from robust_pfl.data import ClientData
-from robust_pfl.federation import Federation
-from robust_pfl.graphs import Graph
-from robust_pfl.objectives import linear_regression
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.graphs import Graph
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.types import RoundRecord
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
 from theory_checks.types import Hypothesis
 
@@ -174,12 +176,15 @@ def _run(problem: MixtureProblem, sizes: FedSPDSizes, horizon: int, seed: int) -
     means = [algorithm.centres.mean(dim=1).clone()]  # cbar^t, [S, d] per round, unmatched
     mixture = torch.zeros(sizes.clients, SOURCES, dtype=torch.float64)
     wrong = 0
-    for round_index in range(horizon):
-        record = algorithm.step(round_index)
+
+    def after(done: int, record: RoundRecord) -> None:
+        nonlocal mixture, wrong
         means.append(algorithm.centres.mean(dim=1).clone())
         mixture += record.extras["mixture_weights"] / horizon
         labelled = algorithm.labels == record.extras["selected"].unsqueeze(-1)  # points of the trained centre
         wrong = max(wrong, int((labelled.unsqueeze(-1) & _mismatch(problem, algorithm)).any(dim=(1, 2)).sum()))
+
+    run_rounds(algorithm, horizon, after=after)
     order = _matching(problem, means[-1])
     trajectory = torch.stack(means)[:, order]  # [T + 1, S, d], centre s matched to source s
     risks = torch.stack([problem.risks(centres) for centres in trajectory[:-1]])  # [T, S]

@@ -12,10 +12,10 @@ import torch
 from torch import Tensor
 
 import attacks
-from robust_pfl.data import ClientData
-from robust_pfl.federation import Federation
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.tasks import SyntheticLinearRegression, Task
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks import SyntheticLinearRegression, Task
 from theory_checks import bounds
 
 

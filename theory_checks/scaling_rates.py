@@ -67,7 +67,9 @@ import numpy as np
 import torch
 
 import defenses
-from robust_pfl.federation import Federation
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.types import RoundRecord
 from theory_checks import bounds
 from theory_checks.estimators import gradient_noise
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
@@ -114,7 +116,9 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
     total = torch.zeros((), dtype=torch.float64)
     noise, separation = 0.0, math.inf
     momenta = [] if algorithm.sends_momenta else None
-    for round_index in range(horizon):
+
+    def before(round_index: int) -> None:
+        nonlocal total, noise, separation
         models = algorithm.client_models()[honest]
         cross = federation.objective.cross_gradients(models, data)  # [H models, H clients, d]
         own = torch.diagonal(cross, dim1=0, dim2=1).T  # grad f_i(x_i), [H, d]
@@ -122,9 +126,12 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
         noise = max(noise, gradient_noise(federation.objective, models, data).value)
         distances = (own.unsqueeze(1) - cross).norm(dim=-1)  # [i, j]: at x_i
         separation = min(separation, float(distances[other].min()))
-        record = algorithm.step(round_index)
+
+    def after(done: int, record: RoundRecord) -> None:
         if momenta is not None:
             momenta.append(record.momenta[honest].numpy().copy())
+
+    run_rounds(algorithm, horizon, before=before, after=after)
     path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta))
     return float(total) / horizon, path
 

@@ -39,9 +39,9 @@ import torch
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.federation import Federation
-from robust_pfl.objectives import Objective, write_into
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.federation import Federation
+from robust_pfl.engine.objectives import Objective, write_into
 from theory_checks import bounds
 from theory_checks.scaling_rates import PRINTED_MC
 

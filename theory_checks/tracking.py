@@ -38,10 +38,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from robust_pfl.data import Batch
-from robust_pfl.seeding import generator, stream_seed
-from robust_pfl.tasks import Task
-from robust_pfl.types import RoundRecord
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.seeding import generator, stream_seed
+from robust_pfl.engine.tasks import Task
+from robust_pfl.engine.types import RoundRecord
 from theory_checks.estimators import (
     batch_noise,
     full_gradients,
@@ -56,7 +56,7 @@ from theory_checks.types import Estimate
 
 
 #: The default bound on the cross gradients held at once on the CPU (on CUDA the
-#: default is a share of the free memory: :func:`robust_pfl.devices.memory_budget_mb`).
+#: default is a share of the free memory: :func:`robust_pfl.engine.devices.memory_budget_mb`).
 CPU_BUDGET_MB = 256
 
 

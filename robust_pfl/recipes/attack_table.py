@@ -40,7 +40,7 @@ from robust_pfl.backends import Backend
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, expand_grid, on_device, read_grid_file
 from robust_pfl.recipes import quick_sentence
-from robust_pfl.results import history_text, write_outputs
+from robust_pfl.engine.results import history_text, write_outputs
 
 #: The grid files, found in the source checkout (``pip install -e .``).
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -38,10 +38,13 @@ import torch
 
 import defenses
 from robust_pfl.config import parse_config
-from robust_pfl.experiments import build_federation, build_task, progress_bar
+from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.types import RoundRecord
+from robust_pfl.experiments import build_federation, build_task
 from robust_pfl.recipes import QUICK_SENTENCE
-from robust_pfl.results import close_figure, history_text, png_writer, write_outputs
-from robust_pfl.tasks import Task
+from robust_pfl.engine.results import close_figure, history_text, png_writer, write_outputs
+from robust_pfl.engine.tasks import Task
 from theory_checks.estimators import own_model_ratios, own_model_separations
 from theory_checks.statements.lemmas import assumption4_constant
 
@@ -100,13 +103,14 @@ def trace(mode: Mode, seed: int, on_round=None) -> list[dict[str, Any]]:
                 for client, value in enumerate(values.tolist())
             )
 
-    measure(0)
-    for round_index in range(mode.rounds):
-        algorithm.step(round_index)
+    def after(done: int, record: RoundRecord) -> None:
         if on_round is not None:
             on_round()
-        if (round_index + 1) % mode.every == 0:
-            measure(round_index + 1)
+        if done % mode.every == 0:
+            measure(done)
+
+    measure(0)
+    run_rounds(algorithm, mode.rounds, after=after)
     return rows
 
 

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from robust_pfl.config import ExperimentConfig, MethodConfig, parse_config
-from robust_pfl.experiments import build_task, progress_bar, run_method
+from robust_pfl.engine.progress import progress_bar
+from robust_pfl.experiments import build_task, run_method
 from robust_pfl.recipes import QUICK_SENTENCE
-from robust_pfl.results import ResultTable, close_figure, history_text, png_writer, write_outputs
+from robust_pfl.engine.results import ResultTable, close_figure, history_text, png_writer, write_outputs
 
 SETTINGS: tuple[tuple[int, int], ...] = ((4, 4), (4, 16), (16, 4))
 METHODS = ("fc", "local", "ifca", "global", "ground_truth")

@@ -43,11 +43,11 @@ from typing import Any
 import pandas as pd
 
 from robust_pfl.backends import Backend
-from robust_pfl.devices import describe_device
+from robust_pfl.engine.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, GridCell, expand_grid
 from robust_pfl.recipes import QUICK_SENTENCE
-from robust_pfl.results import close_figure, png_writer, write_outputs
+from robust_pfl.engine.results import close_figure, png_writer, write_outputs
 
 FC_TOLERANCE = 3.0  # points
 GLOBAL_MARGIN = 30.0  # points

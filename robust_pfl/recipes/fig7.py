@@ -39,7 +39,7 @@ from torch import Tensor
 
 from defenses import threshold_clustering
 from robust_pfl.recipes import QUICK_SENTENCE
-from robust_pfl.results import close_figure, history_text, png_writer, write_outputs
+from robust_pfl.engine.results import close_figure, history_text, png_writer, write_outputs
 from theory_checks.bounds import clustering_rounds
 
 STDS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)

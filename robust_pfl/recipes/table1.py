@@ -35,11 +35,11 @@ from typing import Any
 from robust_pfl.config import parse_config
 from robust_pfl.experiments import build_task, validate
 from robust_pfl.backends import Backend
-from robust_pfl.devices import describe_device
+from robust_pfl.engine.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import Grid, Resources, grid_cell
 from robust_pfl.recipes import QUICK_SENTENCE
-from robust_pfl.results import history_text, write_outputs
+from robust_pfl.engine.results import history_text, write_outputs
 
 KINDS = ("rotation", "private_label")
 PAPER: dict[str, dict[str, tuple[float, float]]] = {  # accuracy %, loss (Werner et al. Table 1)

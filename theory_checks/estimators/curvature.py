@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 from torch.func import grad, hessian, jvp, vmap
 
-from robust_pfl.data import Batch
-from robust_pfl.objectives import Objective
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.objectives import Objective
 from theory_checks.estimators.fractions import included_clients
 from theory_checks.types import Estimate
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from robust_pfl.data import Batch
-from robust_pfl.objectives import Objective
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.objectives import Objective
 from theory_checks.estimators.fractions import select_included
 from theory_checks.types import Estimate
 

@@ -8,8 +8,8 @@ from typing import Callable
 
 from torch import Tensor
 
-from robust_pfl.data import Batch
-from robust_pfl.objectives import Objective
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.objectives import Objective
 from theory_checks.estimators.fractions import included_clients
 from theory_checks.types import Estimate
 

@@ -1,6 +1,6 @@
 """Image-classification networks on flat parameter vectors.
 
-Every network here is an :class:`~robust_pfl.objectives.Objective`: a client's model is
+Every network here is an :class:`~robust_pfl.engine.objectives.Objective`: a client's model is
 one row of the stacked ``X[N, d]``, and the generic ``torch.func`` path (``vmap`` over
 clients of ``grad`` of :meth:`Objective.loss`) gives ``paired_gradients``,
 ``cross_gradients``, ``cross_losses`` and the batched predictions unchanged.
@@ -12,7 +12,7 @@ clients of ``grad`` of :meth:`Objective.loss`) gives ``paired_gradients``,
 * :func:`vgg` builds VGG-8/11/16 (Simonyan & Zisserman, "Very Deep Convolutional
   Networks for Large-Scale Image Recognition", ICLR 2015), scaled by a width factor;
 * :func:`mlp_classifier` and :func:`logistic` return the hand-differentiated
-  :class:`~robust_pfl.objectives.DenseNetwork` (images are flattened);
+  :class:`~robust_pfl.engine.objectives.DenseNetwork` (images are flattened);
 * :func:`make_network` builds any of them from a config mapping, validating it.
 """
 
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from robust_pfl.objectives import DenseNetwork, Objective, loss_from_outputs
-from robust_pfl.registry import did_you_mean
+from robust_pfl.engine.objectives import DenseNetwork, Objective, loss_from_outputs
+from robust_pfl.engine.registry import did_you_mean
 
 ClassificationLoss = Literal["cross_entropy", "softmax_nll"]
 CLASSIFICATION_LOSSES: tuple[str, ...] = ("cross_entropy", "softmax_nll")

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from robust_pfl.data import ClientData
+from robust_pfl.engine.data import ClientData
 
 Normalization = Literal["none", "mnist", "per_channel"]
 NORMALIZATIONS: tuple[str, ...] = ("none", "mnist", "per_channel")

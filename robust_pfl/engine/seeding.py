@@ -10,7 +10,7 @@ from typing import Iterator
 
 import torch
 
-from robust_pfl.devices import resolve_device
+from robust_pfl.engine.devices import resolve_device
 
 
 def stream_seed(seed: int, stream: str) -> int:
@@ -34,7 +34,7 @@ def deterministic_kernels(device: torch.device | str) -> None:
     benchmarks/README.md, "Kernel choices") and a NaN fill of every fresh tensor, so
     it is left as it is there (and the fill is turned off on CUDA).
 
-    On CUDA (``CUBLAS_WORKSPACE_CONFIG`` is set when :mod:`robust_pfl.devices` is
+    On CUDA (``CUBLAS_WORKSPACE_CONFIG`` is set when :mod:`robust_pfl.engine.devices` is
     imported): ``warn_only``, so an op without a deterministic CUDA kernel warns
     instead of failing a long run (the package uses none: the ``cuda`` tests fail on
     such a warning); and cuDNN's TF32 convolutions off, so a CNN's float32 results

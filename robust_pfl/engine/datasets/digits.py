@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from robust_pfl.datasets.base import DatasetError, LabelledImages
+from robust_pfl.engine.datasets.base import DatasetError, LabelledImages
 
 DIGITS_MAX = 16.0  # pixel values are counts 0..16
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from robust_pfl.datasets.base import DatasetError, LabelledImages, check_counts, check_labels
-from robust_pfl.datasets.paths import first_existing, missing_files_error, resolve_data_dir
+from robust_pfl.engine.datasets.base import DatasetError, LabelledImages, check_counts, check_labels
+from robust_pfl.engine.datasets.paths import first_existing, missing_files_error, resolve_data_dir
 
 #: IDX type code -> numpy dtype of the stored (big-endian) values.
 IDX_DTYPES: dict[int, np.dtype] = {
@@ -148,7 +148,7 @@ def load_idx_dataset(
         data_dir: directory holding ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
             ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each optionally
             ``.gz``); ``None`` resolves it from ``$ROBUST_PFL_DATA`` (see
-            :func:`~robust_pfl.datasets.paths.resolve_data_dir`).
+            :func:`~robust_pfl.engine.datasets.paths.resolve_data_dir`).
         name: the data set's name (errors, ``$ROBUST_PFL_DATA/<name>``).
         image_size: required ``(H, W)``.
         num_classes: labels must lie in ``[0, num_classes)``.

@@ -11,7 +11,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from robust_pfl.datasets.base import DatasetError
+from robust_pfl.engine.datasets.base import DatasetError
 
 DATA_ENV_VAR = "ROBUST_PFL_DATA"
 

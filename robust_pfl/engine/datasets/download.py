@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from robust_pfl.datasets.base import DatasetError
-from robust_pfl.datasets.idx import GZIP_MAGIC
+from robust_pfl.engine.datasets.base import DatasetError
+from robust_pfl.engine.datasets.idx import GZIP_MAGIC
 
 Fetch = Callable[[str], bytes]
 

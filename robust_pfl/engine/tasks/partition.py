@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from robust_pfl.seeding import stream_seed
+from robust_pfl.engine.seeding import stream_seed
 
 Rule = Literal["fixed", "official"]
 RULES: tuple[str, ...] = ("fixed", "official")

@@ -147,7 +147,7 @@ def attack_draws_rows_apart(attack: AttackBase) -> bool:
     depends on nothing but its random stream: it reads no message and declares
     ``iid_rows = True``.  A caller that reads only some Byzantine rows (a graph
     system's Byzantine neighbours) may then have those alone drawn
-    (:meth:`robust_pfl.federation.Federation.deliver`'s ``needed``)."""
+    (:meth:`robust_pfl.engine.federation.Federation.deliver`'s ``needed``)."""
     return not attack_reads_messages(attack) and bool(attack.iid_rows)
 
 

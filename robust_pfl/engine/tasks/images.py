@@ -1,8 +1,8 @@
 """Clustered image classification (Werner et al. Sec. 4.2 and Table 1).
 
-:class:`ImageTask` deals a :class:`~robust_pfl.datasets.LabelledImages` data set to
+:class:`ImageTask` deals a :class:`~robust_pfl.engine.datasets.LabelledImages` data set to
 ``K * clients_per_cluster`` honest clients plus the Byzantine ones of a
-:class:`~robust_pfl.placement.ByzantinePlacement` (a Byzantine client holds data of the
+:class:`~robust_pfl.engine.placement.ByzantinePlacement` (a Byzantine client holds data of the
 cluster it is placed in, exactly like an honest one) and makes the clusters differ:
 
 * ``"rotation"`` (Table 1): cluster ``k`` rotates its images by ``k * 90`` degrees
@@ -15,7 +15,7 @@ cluster it is placed in, exactly like an honest one) and makes the clusters diff
   holds only the labels ``[k * L, (k + 1) * L)`` with ``L = labels_per_cluster``
   (default ``C // K``).  If ``K * L > C`` the sets ``{(k * L + j) mod C}`` wrap around
   and overlap; a shared label's samples are split between its clusters (see
-  :func:`~robust_pfl.tasks.partition.label_skew_groups`).  Each client takes a uniform
+  :func:`~robust_pfl.engine.tasks.partition.label_skew_groups`).  Each client takes a uniform
   random share of its cluster's pool (so its label mix follows the pool's).
 * ``"mixture"`` (after FedSPD, Sec. 6 and App. B: each client's data is a mixture of
   two distributions; there a 10-90 % random mix of rotated and unrotated MNIST per
@@ -47,7 +47,7 @@ or validation split.  Validation and test splits get the client's cluster transf
 
 Dealing (``partition``): ``"fixed"`` gives seeded fixed per-client shards; ``"official"``
 deals a seeded permutation as the official code does (client ``r`` takes every
-``N``-th index from position ``r``); see :mod:`robust_pfl.tasks.partition`.  The
+``N``-th index from position ``r``); see :mod:`robust_pfl.engine.tasks.partition`.  The
 official code also re-deals MNIST's train split every epoch; fixed stacked data cannot
 express that, so :meth:`ImageTask.reshuffle` returns the re-dealt train split of an
 epoch.  The engine does not call it (yet): as built, every task uses fixed shards.
@@ -59,28 +59,28 @@ official code) and ``"per_channel"`` for every other data set (MNIST's constants
 MNIST's own per-channel statistics; other data sets get theirs).
 
 Every random choice comes from a named stream of the seed
-(:func:`robust_pfl.seeding.generator`): ``images/deal/train``, ``images/deal/test``,
+(:func:`robust_pfl.engine.seeding.generator`): ``images/deal/train``, ``images/deal/test``,
 ``images/label-skew``, ``images/dirichlet`` and ``images/deal/train/epoch-<e>``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Annotated, Any, Literal, get_args
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
-from robust_pfl.data import ClientData
-from robust_pfl.datasets import DATASETS, LabelledImages, load_dataset
-from robust_pfl.networks import make_network
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.seeding import generator
-from robust_pfl.tasks.base import Task
-from robust_pfl.tasks.partition import (
-    RULES,
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.datasets import DATASETS, LabelledImages, load_dataset
+from robust_pfl.engine.networks import make_network
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.seeding import generator
+from robust_pfl.engine.tasks.base import Task
+from robust_pfl.engine.tasks.partition import (
     Rule,
     deal,
     dirichlet_proportions,
@@ -91,10 +91,11 @@ from robust_pfl.tasks.partition import (
     largest_remainder,
     largest_share,
 )
-from robust_pfl.tasks.transforms import NORMALIZATIONS, Normalization, materialise, normalization_stats
+from robust_pfl.engine.tasks.transforms import Normalization, materialise, normalization_stats
+from robust_pfl.engine.validation import options
 
 Kind = Literal["rotation", "private_label", "label_skew", "mixture", "dirichlet"]
-KINDS: tuple[str, ...] = ("rotation", "private_label", "label_skew", "mixture", "dirichlet")
+KINDS: tuple[str, ...] = get_args(Kind)
 ROTATION_KINDS: tuple[str, ...] = ("rotation", "mixture")
 
 
@@ -126,12 +127,12 @@ class _Layout:
     quotas: Tensor
 
 
-@dataclass(frozen=True)
+@options("task", where="")
 class ImageTask:
     """Builder of a clustered image-classification task (module docstring).
 
     Attributes:
-        dataset: a key of :data:`robust_pfl.datasets.DATASETS` (``"digits"`` needs no
+        dataset: a key of :data:`robust_pfl.engine.datasets.DATASETS` (``"digits"`` needs no
             files).
         data_dir: its directory (``None``: ``$ROBUST_PFL_DATA``; ignored by digits).
         kind: ``"rotation"``, ``"private_label"``, ``"label_skew"``, ``"mixture"`` or
@@ -157,50 +158,34 @@ class ImageTask:
         dirichlet_alpha: concentration of ``"dirichlet"`` (smaller: more skewed).
     """
 
-    dataset: str = "digits"
-    data_dir: str | None = None
-    kind: Kind = "rotation"
-    clusters: int = 4
-    clients_per_cluster: int = 10
-    train_per_client: int | None = None
-    validation_per_client: int | None = None
-    test_per_client: int | None = None
-    validation_fraction: float = 0.1
-    partition: Rule = "fixed"
-    model: Mapping[str, Any] = field(default_factory=_default_model, hash=False)
-    normalize: Normalization | None = None
-    rotation_step: int = 1
-    mixture_weight: float = 0.8
-    labels_per_cluster: int | None = None
-    dirichlet_alpha: float = 0.5
+    dataset: Annotated[str, Field(description="a data set of robust_pfl.engine.datasets.DATASETS")] = "digits"
+    data_dir: Annotated[str | None, Field(description="directory of the data files (else $ROBUST_PFL_DATA)")] = None
+    kind: Annotated[Kind, Field(description="how the clusters differ")] = "rotation"
+    clusters: Annotated[int, Field(ge=1, description="K, the number of clusters")] = 4
+    clients_per_cluster: Annotated[int, Field(ge=1, description="honest clients per cluster")] = 10
+    train_per_client: Annotated[int | None, Field(ge=1, description="train samples per client (None: an even deal)")] = None
+    validation_per_client: Annotated[int | None, Field(ge=1, description="validation samples per client")] = None
+    test_per_client: Annotated[int | None, Field(ge=1, description="test samples per client")] = None
+    validation_fraction: Annotated[float, Field(gt=0, lt=1, description="validation share of a client's train share")] = 0.1
+    partition: Annotated[Rule, Field(description="the fixed or the official code's dealing")] = "fixed"
+    model: Annotated[dict[str, Any], Field(description="make_network spec")] = dataclass_field(
+        default_factory=_default_model, hash=False)
+    normalize: Annotated[Normalization | None, Field(description="input normalisation (None: automatic)")] = None
+    rotation_step: Annotated[int, Field(ge=1, le=3, description="quarter turns between clusters' rotations")] = 1
+    mixture_weight: Annotated[float, Field(ge=0, le=1, description="a mixture client's share of its own cluster")] = 0.8
+    labels_per_cluster: Annotated[int | None, Field(ge=1, description="L of label_skew (None: C // K)")] = None
+    dirichlet_alpha: Annotated[float, Field(gt=0, description="concentration of dirichlet (smaller: more skewed)")] = 0.5
 
     def __post_init__(self) -> None:
         _choice("dataset", self.dataset, sorted(DATASETS))
-        _choice("kind", self.kind, KINDS)
-        _choice("partition", self.partition, RULES)
-        _choice("normalize", self.normalize, (*NORMALIZATIONS, None))
-        for name in ("clusters", "clients_per_cluster"):
-            _integer(name, getattr(self, name), 1)
-        for name in ("train_per_client", "validation_per_client", "test_per_client", "labels_per_cluster"):
-            if getattr(self, name) is not None:
-                _integer(name, getattr(self, name), 1)
-        _integer("rotation_step", self.rotation_step, 1)
-        if self.rotation_step > 3:
-            raise ValueError(f"rotation_step must be 1, 2 or 3 quarter turns, got {self.rotation_step!r}")
-        _number("validation_fraction", self.validation_fraction, "in (0, 1)", lambda v: 0 < v < 1)
-        _number("mixture_weight", self.mixture_weight, "in [0, 1]", lambda v: 0 <= v <= 1)
-        _number("dirichlet_alpha", self.dirichlet_alpha, "> 0", lambda v: v > 0)
-        if self.data_dir is not None and not isinstance(self.data_dir, str):
-            raise ValueError(f"data_dir must be a path string or None, got {self.data_dir!r}")
         if self.kind in ROTATION_KINDS and self.clusters > self.distinct_rotations:
             raise ValueError(
                 f"clusters must be <= {self.distinct_rotations} for kind={self.kind!r} with "
                 f"rotation_step={self.rotation_step} (rotations by multiples of 90 degrees), "
                 f"got {self.clusters}"
             )
-        if not isinstance(self.model, Mapping) or "name" not in self.model:
+        if "name" not in self.model:
             raise ValueError(f"model must be a mapping with a 'name' (see make_network), got {self.model!r}")
-        object.__setattr__(self, "model", dict(self.model))
         make_network(self.model, (1, 8, 8), 10)  # names and options (raises "model.<field> ...")
 
     # -- derived settings ---------------------------------------------------------------
@@ -478,8 +463,3 @@ def _choice(name: str, value: Any, allowed: tuple[Any, ...] | list[Any]) -> None
 def _integer(name: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _number(name: str, value: Any, allowed: str, check: Callable[[float], bool]) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not check(value):
-        raise ValueError(f"{name} must be a number {allowed}, got {value!r}")

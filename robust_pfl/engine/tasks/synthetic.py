@@ -16,11 +16,11 @@ from typing import Literal
 
 import torch
 
-from robust_pfl.data import ClientData
-from robust_pfl.objectives import linear_regression
-from robust_pfl.seeding import generator
-from robust_pfl.placement import ByzantinePlacement
-from robust_pfl.tasks.base import Task
+from robust_pfl.engine.data import ClientData
+from robust_pfl.engine.objectives import linear_regression
+from robust_pfl.engine.seeding import generator
+from robust_pfl.engine.placement import ByzantinePlacement
+from robust_pfl.engine.tasks.base import Task
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import Tensor
 
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.devices import same_device
-from robust_pfl.objectives import Objective
-from robust_pfl.seeding import generator as make_generator
-from robust_pfl.types import (
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.devices import same_device
+from robust_pfl.engine.objectives import Objective
+from robust_pfl.engine.seeding import generator as make_generator
+from robust_pfl.engine.types import (
     AttackBase,
     AttackContext,
     MessageKind,
@@ -74,7 +74,7 @@ class Federation:
     def __post_init__(self) -> None:
         if self.attack is not None and not isinstance(self.attack, AttackBase):
             raise TypeError(
-                f"an attack must subclass robust_pfl.types.AttackBase (attacks.AttackBase), which declares what "
+                f"an attack must subclass robust_pfl.engine.types.AttackBase (attacks.AttackBase), which declares what "
                 f"the engine reads of it; got {type(self.attack).__name__}"
             )
         n = self.train.inputs.shape[0]
@@ -215,7 +215,7 @@ class Federation:
         """Honest ``g_i(x_i)`` for all clients: ``params[N, d] -> [N, d]`` (into the
         reusable buffer ``out`` if given; ``blend = alpha`` blends them into ``out``
         as ``torch.lerp(out, g, alpha)`` instead, see
-        :meth:`~robust_pfl.objectives.Objective.paired_gradients`).
+        :meth:`~robust_pfl.engine.objectives.Objective.paired_gradients`).
 
         ``skip_unread=True`` (with ``out``): when the attack overwrites the Byzantine
         rows unread (:attr:`byzantine_rows_read` is false) and they form one block of
@@ -280,11 +280,11 @@ class Federation:
         ``needed[..., B]`` (with ``byzantine_only``) marks the Byzantine rows the caller
         reads; the result is then those rows alone, ``[P, d]`` in the order of
         ``needed.nonzero()``.  An attack whose rows are independent draws
-        (:func:`~robust_pfl.types.attack_draws_rows_apart`) draws only them; any
+        (:func:`~robust_pfl.engine.types.attack_draws_rows_apart`) draws only them; any
         other attack makes every row and the needed ones are picked.
 
         Messages of kind ``"loss"`` (reported losses) are replaced only by an attack
-        that forges losses (:func:`~robust_pfl.types.attack_forges_losses`)."""
+        that forges losses (:func:`~robust_pfl.engine.types.attack_forges_losses`)."""
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
         if needed is not None:
             if not byzantine_only:

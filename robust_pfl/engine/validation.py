@@ -12,13 +12,13 @@ the same way, by :func:`explain` (one line per field, joined by ``"; "``):
   for a misspelled choice;
 * ``<where>.<key> is not an option (did you mean ...?); <kind> '<name>' accepts the
   fields: ...`` for an unknown option, ``<where>: the required field 'q' is missing``
-  for a missing one (:func:`robust_pfl.registry.check_options`'s wording);
+  for a missing one (:func:`robust_pfl.engine.registry.check_options`'s wording);
 * a validator's own message as written where it names its fields (the cross-field
   rules of ``__post_init__``), and after ``<where>.<field>`` where a field validator
   raised it (``bucketing.inner: aggregator.name must be one of ...``).
 
 A user's class may stay a plain ``@dataclasses.dataclass(frozen=True)`` validating in
-``__post_init__``: registries build both alike (:func:`robust_pfl.registry.check_options`
+``__post_init__``: registries build both alike (:func:`robust_pfl.engine.registry.check_options`
 first, then the class).
 """
 
@@ -35,7 +35,7 @@ import pydantic.dataclasses
 from pydantic import ConfigDict, ValidationError
 from pydantic.fields import FieldInfo
 
-from robust_pfl.registry import REQUIRED, did_you_mean, init_parameters, options_problem
+from robust_pfl.engine.registry import REQUIRED, did_you_mean, init_parameters, options_problem
 
 T = TypeVar("T", bound=type)
 
@@ -59,7 +59,7 @@ def options(kind: str, where: str | None = None) -> Callable[[T], T]:
 
     ``kind`` names what it is (``"attack"``, ``"aggregator"``, ``"radius policy"``);
     ``where`` the prefix of its field names in messages (default: the class's
-    ``name``, e.g. ``bit_flip.scale``).  It stays a dataclass: ``dataclasses.fields``
+    ``name``, e.g. ``bit_flip.scale``; ``""``: none).  It stays a dataclass: ``dataclasses.fields``
     and ``replace``, equality, hashing and pickling work as for a plain one, and a
     field written ``x: Annotated[float, Field(gt=0, description=...)] = 1.0`` keeps
     its plain default.  Cross-field rules stay in ``__post_init__`` (run after the
@@ -83,7 +83,7 @@ def options(kind: str, where: str | None = None) -> Callable[[T], T]:
                 raise ValueError(
                     explain(
                         error,
-                        where=where or name,
+                        where=name if where is None else where,
                         owner=f"{kind} {name!r}",
                         fields=owner.__pydantic_fields__,
                         given=given if given is not None else kwargs,
@@ -152,17 +152,17 @@ def explain(
         elif kind in _RAISED:
             key = ("raised", loc)
             message = str(item.get("ctx", {}).get("error", item["msg"]))
-            text = _after(f"{where}.{_path(loc)}", message) if loc else message
+            text = _after(_field(where, _path(loc)), message) if loc else message
         elif kind in _CALL:
             key = ("call", loc)
             text = f"{where}: {item['msg'].lower()} ({_path(loc)})"
         elif loc and loc[0] in fields:
             key = loc[0]
             value = given[loc[0]] if loc[0] in given else item.get("input")
-            text = f"{where}.{loc[0]} {problem(fields[loc[0]], value, allow_inf_nan)}"
+            text = f"{_field(where, loc[0])} {problem(fields[loc[0]], value, allow_inf_nan)}"
         else:
             key = ("other", loc, item["msg"])
-            text = f"{where}.{_path(loc)}: {item['msg']}" if loc else f"{where}: {item['msg']}"
+            text = f"{_field(where, _path(loc))}: {item['msg']}" if loc else f"{where}: {item['msg']}"
         if key not in done:
             done.add(key)
             problems.append(text)
@@ -200,6 +200,11 @@ def _default(info: FieldInfo) -> Any:
     if info.default_factory is not None:
         return info.default_factory()
     return REQUIRED if info.is_required() else info.default
+
+
+def _field(where: str, name: str) -> str:
+    """``where.name``, or ``name`` alone where the class's fields need no prefix."""
+    return f"{where}.{name}" if where else name
 
 
 def _after(prefix: str, message: str) -> str:

@@ -20,7 +20,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
-from robust_pfl.seeding import generator as make_generator
+from robust_pfl.engine.seeding import generator as make_generator
 
 GraphKind = Literal["complete", "erdos_renyi", "barabasi_albert", "random_geometric"]
 MixingRule = Literal["uniform", "metropolis"]

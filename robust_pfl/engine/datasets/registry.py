@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from robust_pfl.datasets.base import DatasetError, LabelledImages
-from robust_pfl.datasets.cifar import load_cifar10, load_cifar100
-from robust_pfl.datasets.digits import load_digits
-from robust_pfl.datasets.idx import load_fashion_mnist, load_mnist
+from robust_pfl.engine.datasets.base import DatasetError, LabelledImages
+from robust_pfl.engine.datasets.cifar import load_cifar10, load_cifar100
+from robust_pfl.engine.datasets.digits import load_digits
+from robust_pfl.engine.datasets.idx import load_fashion_mnist, load_mnist
 
 Loader = Callable[..., LabelledImages]
 

@@ -8,10 +8,10 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from robust_pfl.data import Batch, ClientData
-from robust_pfl.metrics import accuracy, negative_log_likelihood
-from robust_pfl.objectives import Objective
-from robust_pfl.placement import ByzantinePlacement
+from robust_pfl.engine.data import Batch, ClientData
+from robust_pfl.engine.metrics import accuracy, negative_log_likelihood
+from robust_pfl.engine.objectives import Objective
+from robust_pfl.engine.placement import ByzantinePlacement
 
 
 Predictor = Callable[[Tensor], Tensor]
@@ -100,5 +100,5 @@ def place_clients(
 ) -> tuple[Tensor, Tensor]:
     """Cluster ids and Byzantine mask: ``byzantine_per_cluster`` Byzantine clients in
     every cluster plus ``byzantine_total`` spread round-robin (see
-    :class:`robust_pfl.placement.ByzantinePlacement` for fractions and cluster choice)."""
+    :class:`robust_pfl.engine.placement.ByzantinePlacement` for fractions and cluster choice)."""
     return ByzantinePlacement(byzantine_total, byzantine_per_cluster).place(clusters, honest_per_cluster)

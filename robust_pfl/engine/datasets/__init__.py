@@ -7,13 +7,13 @@ scikit-learn, the quick-start default), ``mnist`` and ``fashion_mnist`` (IDX fil
 called with ``allow=True``.
 """
 
-from robust_pfl.datasets.base import DatasetError, LabelledImages
-from robust_pfl.datasets.cifar import load_cifar10, load_cifar100
-from robust_pfl.datasets.digits import load_digits
-from robust_pfl.datasets.download import DownloadRefused, download_mnist, verify_files
-from robust_pfl.datasets.idx import load_fashion_mnist, load_idx_dataset, load_mnist, read_idx
-from robust_pfl.datasets.paths import DATA_ENV_VAR, resolve_data_dir
-from robust_pfl.datasets.registry import DATASETS, load_dataset
+from robust_pfl.engine.datasets.base import DatasetError, LabelledImages
+from robust_pfl.engine.datasets.cifar import load_cifar10, load_cifar100
+from robust_pfl.engine.datasets.digits import load_digits
+from robust_pfl.engine.datasets.download import DownloadRefused, download_mnist, verify_files
+from robust_pfl.engine.datasets.idx import load_fashion_mnist, load_idx_dataset, load_mnist, read_idx
+from robust_pfl.engine.datasets.paths import DATA_ENV_VAR, resolve_data_dir
+from robust_pfl.engine.datasets.registry import DATASETS, load_dataset
 
 __all__ = [
     "DATASETS",

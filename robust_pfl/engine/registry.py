@@ -1,6 +1,6 @@
 """Name -> class registries (attacks, algorithms, aggregators), their decorator, and
 the option checks shared by everything built from a user's ``{name, options}`` (the
-wording of pydantic's errors for them is :mod:`robust_pfl.validation`'s)."""
+wording of pydantic's errors for them is :mod:`robust_pfl.engine.validation`'s)."""
 
 from __future__ import annotations
 

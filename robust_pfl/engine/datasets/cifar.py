@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from robust_pfl.datasets.base import DatasetError, LabelledImages, check_counts, check_labels
-from robust_pfl.datasets.paths import missing_files_error, resolve_data_dir
+from robust_pfl.engine.datasets.base import DatasetError, LabelledImages, check_counts, check_labels
+from robust_pfl.engine.datasets.paths import missing_files_error, resolve_data_dir
 
 CIFAR_ROW = 3 * 32 * 32
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 from torch.func import grad, vmap
 
-from robust_pfl.data import Batch
-from robust_pfl.devices import engine
+from robust_pfl.engine.data import Batch
+from robust_pfl.engine.devices import engine
 
 LossKind = Literal["mse", "cross_entropy", "softmax_nll"]
 
@@ -399,7 +399,7 @@ def _weight_gradients(
     batched path.  The loops are over cache-sized blocks, not over clients (the
     measurements: benchmarks/README.md, "Kernel choices").
 
-    On an accelerator (the batched engine of :func:`robust_pfl.devices.engine`) see
+    On an accelerator (the batched engine of :func:`robust_pfl.engine.devices.engine`) see
     :func:`_weight_gradients_batched`.
     """
     if engine(dz.device) == "batched" and blend is None:

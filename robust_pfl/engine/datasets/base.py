@@ -30,7 +30,7 @@ class LabelledImages:
         test_images: ``[n_test, C, H, W]`` float32 in ``[0, 1]``.
         test_labels: ``[n_test]`` int64 in ``[0, num_classes)``.
         num_classes: number of classes.
-        name: the data set's name (a key of :data:`robust_pfl.datasets.DATASETS`, or a
+        name: the data set's name (a key of :data:`robust_pfl.engine.datasets.DATASETS`, or a
             variant of one such as ``"cifar100_coarse"``).
     """
 
