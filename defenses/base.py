@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
 from robust_pfl.engine.federation import Federation
-from robust_pfl.engine.registry import registrar
+from robust_pfl.engine.registry import did_you_mean, registrar
 from robust_pfl.engine.types import RoundRecord
 
 
@@ -164,9 +164,15 @@ REGISTRY: dict[str, type[Algorithm]] = {}
 register = registrar(REGISTRY, "algorithm")
 
 
+def unknown_method(name: str) -> str:
+    """What is said of a method name no algorithm registered: the one wording a config
+    load and :func:`build` share."""
+    return f"unknown method {name!r}{did_you_mean(name, REGISTRY)}; allowed: {sorted(REGISTRY)}"
+
+
 def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None) -> Algorithm:
     """Construct a registered algorithm from plain options (validated)."""
     if name not in REGISTRY:
-        raise ValueError(f"unknown method {name!r}; registered: {sorted(REGISTRY)}")
+        raise ValueError(unknown_method(name))
     cls = REGISTRY[name]
     return cls(federation, cls.Params(**dict(options or {})))

@@ -3,10 +3,10 @@ classic robust aggregator) and GroundTruth (oracle clusters)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, PlainValidator
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
@@ -42,18 +42,23 @@ class Local(Algorithm):
         return self.models
 
 
-class GlobalParams(AlgorithmParams):
-    aggregator: str | dict[str, Any] = Field(
-        "mean",
-        description="how the server combines the received gradients: a name (mean, median, "
-        "trimmed_mean, krum, ...) or {name = ..., options}; see defenses.robust_aggregators",
-    )
-
-    @field_validator("aggregator")
-    @classmethod
-    def _valid_aggregator(cls, value: Any) -> Any:
-        make_aggregator(value)  # raises ValueError naming the bad field
+def built_aggregator(value: Any) -> Aggregator:
+    """``value`` as an :class:`Aggregator`: a config's spec (a name or a table) built
+    once, here, and carried as the object; an aggregator is kept as it is."""
+    if isinstance(value, Aggregator):
         return value
+    if not isinstance(value, (str, dict)):
+        raise ValueError(f"must be a string or a table, got {value!r}")
+    return make_aggregator(value)
+
+
+class GlobalParams(AlgorithmParams):
+    aggregator: Annotated[Aggregator, PlainValidator(built_aggregator)] = Field(
+        "mean",
+        validate_default=True,
+        description="how the server combines the received gradients: a name (mean, median, "
+        "trimmed_mean, krum, ...) or {name = ..., options}; see defenses.aggregators",
+    )
 
 
 @register
@@ -77,11 +82,21 @@ class Global(Algorithm):
     Params = GlobalParams
 
     @classmethod
+    def client_count_problems(cls, params: AlgorithmParams, clients: int) -> list[tuple[str, str]]:
+        """The aggregator's own refusal of ``clients`` senders (Krum's ``n > 2f + 2``)."""
+        if not isinstance(params, GlobalParams):  # a subclass with a rule of its own
+            return []
+        try:
+            params.aggregator.check(clients)
+        except ValueError as error:
+            return [("aggregator", str(error))]
+        return []
+
+    @classmethod
     def round_work(cls, params: GlobalParams, clients: int, task_clusters: int, model_dim: int) -> RoundWork:
         """One gradient per client, a few passes over the received vectors, and the
         aggregator's own work (:meth:`defenses.Aggregator.flops`)."""
-        aggregator = make_aggregator(params.aggregator)
-        return RoundWork(1.0, 4.0 * clients, extra_flops=aggregator.flops(clients, model_dim))
+        return RoundWork(1.0, 4.0 * clients, extra_flops=params.aggregator.flops(clients, model_dim))
 
     def __init__(self, federation: Federation, params: GlobalParams) -> None:
         super().__init__(federation, params)
@@ -98,9 +113,8 @@ class Global(Algorithm):
         senders; a subclass whose server rule is not an :class:`Aggregator` (FLTrust,
         FoolsGold: :mod:`defenses.trust_aggregation`) returns None and overrides
         :meth:`_rule`."""
-        aggregator = make_aggregator(params.aggregator)
-        aggregator.check(clients)
-        return aggregator
+        params.aggregator.check(clients)
+        return params.aggregator
 
     def _rule(self, messages: Tensor, generator: torch.Generator) -> Tensor:
         """The aggregate of ``messages[..., N, d]``, ``[..., d]``, a pure function of

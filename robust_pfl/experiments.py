@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
+from defenses.base import unknown_method
 from robust_pfl import costs
 from robust_pfl.checkpoint import checkpoint_name, fingerprint
 from robust_pfl.engine.pickling import (
@@ -43,7 +44,6 @@ from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.metrics import adjusted_rand_index, attack_success_rate
 from robust_pfl.engine.networks import make_network
 from robust_pfl.provenance import provenance
-from robust_pfl.engine.registry import did_you_mean
 from robust_pfl.engine.results import ResultTable, write_results
 from robust_pfl.engine.devices import memory_budget_mb, resolve_device
 from robust_pfl.engine.progress import progress_bar
@@ -104,11 +104,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     for index, method in enumerate(config.methods):
         where = f"methods[{index}]"
         if method.name not in defenses.REGISTRY:
-            raise fail(
-                f"{where}.name",
-                f"unknown method {method.name!r}{did_you_mean(method.name, defenses.REGISTRY)}; "
-                f"allowed: {sorted(defenses.REGISTRY)}",
-            )
+            raise fail(f"{where}.name", unknown_method(method.name))
         cls = defenses.REGISTRY[method.name]
         try:
             chosen[index] = cls.Params(**method.options())
@@ -229,13 +225,6 @@ def _check_client_count(config: ExperimentConfig, chosen: Mapping[int, defenses.
     for index, method in enumerate(config.methods):
         for field, message in defenses.REGISTRY[method.name].client_count_problems(chosen[index], n):
             raise fail(f"methods[{index}].{field}", f"{message} (the config has N = {n} clients)")
-        spec = method.options().get("aggregator")
-        if method.name != "global" or spec is None:
-            continue
-        try:
-            defenses.make_aggregator(spec).check(n)
-        except ValueError as error:
-            raise fail(f"methods[{index}].aggregator", f"{error} (the config has N = {n} clients)") from None
 
 
 def build_task(config: ExperimentConfig, seed: int) -> Task:

@@ -540,3 +540,25 @@ def test_a_checkpoint_naming_a_class_by_its_former_module_loads(tmp_path, monkey
     done, state = load_checkpoint(path, "key", lambda done: {})
     assert done == 3 and type(state["optimiser"]) is HeavyBall
     assert torch.equal(state["optimiser"].buffer, torch.full((3, 2), 2.0))
+
+
+OLD = ROOT / "tests" / "data" / "old_checkpoints"
+
+
+@pytest.mark.parametrize("name", ["fc", "mc", "global-krum-nnm", "global-bulyan", "ifca"])
+def test_a_checkpoint_written_before_the_engine_and_aggregators_moved_resumes(name, tmp_path):
+    """Checkpoints written at commit d6839b2 (``tests/data/old_checkpoints/make.py``),
+    whose pickles name ``robust_pfl.federation``, ``robust_pfl.checkpoint``,
+    ``defenses.robust_aggregators``, ``defenses.preaggregators`` and
+    ``defenses.filtering_aggregators``, load through ``MOVED_MODULES`` and resume to the
+    rows of a run that never stopped."""
+    import json
+    import shutil
+
+    data = json.loads((OLD / "configs.json").read_text())[name]
+    config = validate(parse_config(data))
+    path = tmp_path / f"{name}.pt"
+    shutil.copy(OLD / f"{name}.pt", path)
+    assert b"robust_pfl.federation" in path.read_bytes() or b"robust_pfl.checkpoint" in path.read_bytes()
+    resumed = run_method(config.methods[0], config, 3, checkpoint=path).rows
+    assert exact(resumed) == exact(run_method(config.methods[0], config, 3).rows)
