@@ -48,7 +48,7 @@ from torch import Tensor
 
 from attacks._stats import honest_mean, own_rows
 from attacks.base import attack_options, register
-from robust_pfl.engine.types import AttackBase, AttackContext
+from robust_pfl.engine.types import AttackContext, BackdoorAttack
 
 Size = Annotated[int, Field(ge=1, description="side of the square trigger, in pixels")]
 Margin = Annotated[int, Field(ge=0, description="pixels between the trigger and the bottom and right edges")]
@@ -59,14 +59,12 @@ Fraction = Annotated[
 ]
 
 
-class Backdoor(AttackBase):
+class Backdoor(BackdoorAttack):
     """What the three backdoor attacks share: the trigger geometry, stamping, data
-    poisoning and honest sending.  Subclasses declare the fields ``size``, ``margin``,
-    ``value``, ``target`` and ``poison_fraction`` (and may override
-    :meth:`part_masks`)."""
-
-    needs: ClassVar[frozenset[str]] = frozenset({"data"})
-    backdoor: ClassVar[bool] = True
+    poisoning and honest sending (the hooks of
+    :class:`~robust_pfl.engine.types.BackdoorAttack`).  Subclasses declare the fields
+    ``size``, ``margin``, ``value``, ``target`` and ``poison_fraction`` (and may
+    override :meth:`part_masks`)."""
 
     # -- the trigger ----------------------------------------------------------------------
     def trigger_mask(self, height: int, width: int) -> Tensor:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
-from robust_pfl.engine.types import Attack, AttackBase
+from robust_pfl.engine.types import AttackBase
 from robust_pfl.engine.types import attack_reads_messages as reads_messages  # re-exported
 from robust_pfl.engine.validation import descriptions, options
 
@@ -75,7 +75,7 @@ class UnknownAttack(ValueError):
     """An attack name that is neither registered nor :data:`NO_ATTACK`."""
 
 
-def build(name: str, options: Mapping[str, Any] | None = None) -> Attack | None:
+def build(name: str, options: Mapping[str, Any] | None = None) -> AttackBase | None:
     """Construct a registered attack from plain options (validated by the class);
     ``None`` for :data:`NO_ATTACK`, which takes no options.
 

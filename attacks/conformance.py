@@ -1,7 +1,7 @@
 """Public conformance checks for attacks: :func:`check_attack` runs on a class of your
 own (in your tests) what the project's suite runs on every registered attack.
 
-What an attack must do (:class:`robust_pfl.engine.types.Attack`):
+What an attack must do (:class:`robust_pfl.engine.types.AttackBase`):
 
 * subclass :class:`~robust_pfl.engine.types.AttackBase`, with class attributes ``name``
   (str), ``summary`` (one line) and ``needs`` (a frozenset of

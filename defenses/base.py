@@ -58,6 +58,8 @@ class Algorithm(ABC):
       over labels; default False);
     * ``predict_log_proba``: a method when its clients predict by more than their model
       (default None);
+    * ``flower``, ``flower_node_attacks``: what the Flower adapter can wrap (default
+      False: not wrapped);
 
     and implements the two abstract methods :meth:`step` and :meth:`client_models`.
     An algorithm whose state is more than its attributes' pickles (none so far) must
@@ -75,6 +77,14 @@ class Algorithm(ABC):
     #: their model (KNN-Per's vote over neighbours), which evaluation then uses; None:
     #: each client's model predicts.
     predict_log_proba: ClassVar[Callable[[Tensor], Tensor] | None] = None
+    #: The Flower adapter (:mod:`robust_pfl.flower`) can run it: all of its client work
+    #: is ``Federation.gradients`` / ``cross_gradients`` / loss requests (one vector per
+    #: model a node evaluates) and its state lives on the server.
+    flower: ClassVar[bool] = False
+    #: Under Flower, a Byzantine node may attack its own reply: the message is the
+    #: gradient the node computes (or linear in it).  Otherwise (uploads made by several
+    #: local steps) the strategy replaces the Byzantine uploads through ``deliver``.
+    flower_node_attacks: ClassVar[bool] = False
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
         if not isinstance(params, self.Params):

@@ -23,6 +23,10 @@ class Local(Algorithm):
     """Every client runs SGD on its own data alone: ``x_i -= eta * g_i(x_i)``."""
 
     name = "local"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "each client trains alone on its own data"
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
@@ -78,6 +82,10 @@ class Global(Algorithm):
     """
 
     name = "global"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "one shared model; received gradients combined by `aggregator` (default mean: FedAvg)"
     Params = GlobalParams
 
@@ -159,6 +167,10 @@ class GroundTruth(Algorithm):
     that cluster's clients (GT in Werner et al. Fig. 3 and Table 1)."""
 
     name = "ground_truth"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "oracle clusters: FedAvg within each true cluster"
     Params = GroundTruthParams
     forms_clusters = True

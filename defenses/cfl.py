@@ -108,6 +108,10 @@ class ClusteredFL(Algorithm):
     """
 
     name = "cfl"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "Clustered FL: FedAvg per cluster, bi-partition a stationary cluster by update cosine similarity"
     reference = "Sattler, Mueller, Samek 2021 (IEEE TNNLS), Clustered Federated Learning, Alg. 1 and Alg. 2"
     Params = CFLParams

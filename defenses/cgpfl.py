@@ -204,6 +204,10 @@ class CGPFL(Algorithm):
     """
 
     name = "cgpfl"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "CGPFL: personalised models pulled toward K k-means++ cluster models of the uploaded copies"
     reference = "CGPFL: Personalized Federated Learning with Clustered Generalization (ICLR 2022 submission), Alg. 1"
     Params = CGPFLParams
@@ -326,6 +330,10 @@ class CGPFLHeur(CGPFL):
     """
 
     name = "cgpfl_heur"
+
+    flower = False
+
+    flower_node_attacks = False
     summary = "CGPFL-Heur: CGPFL with K chosen once by minimising the generalisation bound (eq. 12)"
     reference = "CGPFL: Personalized Federated Learning with Clustered Generalization (ICLR 2022 submission), Sec. 4.4, eq. 12"
     Params = CGPFLHeurParams

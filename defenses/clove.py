@@ -120,6 +120,10 @@ class CLoVE(ClusterChoice):
     """
 
     name = "clove"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "CLoVE: k-means of clients' loss vectors on K models, min-cost matching, per-cluster averaging"
     reference = "CLoVE (Clustering of Loss Vector Embeddings), Alg. 1; SLV embedding Sec. 4; ablations Sec. 5.3"
     Params = CLoVEParams

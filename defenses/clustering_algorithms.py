@@ -123,6 +123,10 @@ class FederatedClustering(Algorithm):
     """
 
     name = "fc"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "Federated-Clustering: cluster everyone's gradients at my model (Alg. 2)"
     reference = "Werner et al. 2023, Alg. 2"
     Params = FederatedClusteringParams
@@ -467,6 +471,10 @@ class MyopicClustering(_ServerClustering):
     Sec. 2.1 (Fig. 1a)."""
 
     name = "myopic"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "Myopic-Clustering: server clusters the N gradients (Alg. 1)"
     reference = "Werner et al. 2023, Alg. 1"
     Params = MyopicParams
@@ -516,6 +524,10 @@ class MomentumClustering(_ServerClustering):
     and sends each client its nearest centre; ``x_i -= eta * v_{k_i}``."""
 
     name = "mc"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "Momentum-Clustering: server clusters the N momenta, warm-started (Alg. 4)"
     reference = "Werner et al. 2023, Alg. 4"
     Params = MomentumClusteringParams

@@ -375,6 +375,10 @@ class PersonalizedFederatedTC(MomentumClustering):
     """
 
     name = "pfl_tc"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "PFL-TC: momentum clustering of local-SGD pseudo-gradients (x - y^m)/eta (workshop Alg. 2)"
     reference = "Werner et al., threshold-clustering workshop paper, Alg. 2"
     Params = PFLTCParams

@@ -52,6 +52,10 @@ class Ditto(Algorithm):
     """
 
     name = "ditto"
+
+    flower = True
+
+    flower_node_attacks = True
     summary = "Ditto: FedAvg global model plus personal models with penalty (lambda/2)||v_i - w||^2"
     reference = "Li, Hu, Beirami, Smith 2021 (ICML), Ditto: fair and robust federated learning, Alg. 1"
     Params = DittoParams

@@ -107,6 +107,10 @@ class IFCA(ClusterChoice):
     overflowing row cannot stop a model's training."""
 
     name = "ifca"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "IFCA: K models, each client picks its lowest-loss model, gradient averaging"
     reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option I"
     Params = IFCAParams
@@ -155,6 +159,10 @@ class IFCAModelAveraging(ClusterChoice):
     """
 
     name = "ifca_model_avg"
+
+    flower = True
+
+    flower_node_attacks = False
     summary = "IFCA: K models, each client picks its lowest-loss model, local SGD, model averaging"
     reference = "Ghosh, Chung, Yin, Ramchandran 2020 (NeurIPS), IFCA, Alg. 1 Option II"
     Params = IFCAModelAveragingParams

@@ -126,6 +126,10 @@ class FLTrust(Global):
     """
 
     name = "fltrust"
+
+    flower = False
+
+    flower_node_attacks = False
     summary = "FLTrust: client updates weighted by ReLU(cos) with the server's root-data gradient, rescaled to its norm"
     reference = "Cao, Fang, Liu, Gong, NDSS 2021, FLTrust: Byzantine-robust FL via trust bootstrapping, Alg. 1-2, eq. 4"
     Params = FLTrustParams
@@ -270,6 +274,10 @@ class FoolsGold(Global):
     """
 
     name = "foolsgold"
+
+    flower = False
+
+    flower_node_attacks = False
     summary = "FoolsGold: weighted mean, clients with alike update histories (sybils) down-weighted"
     reference = "Fung, Yoon, Beschastnikh, RAID 2020, The limitations of federated learning in sybil settings, Alg. 1"
     Params = FoolsGoldParams

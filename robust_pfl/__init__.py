@@ -21,7 +21,7 @@ from robust_pfl.engine.objectives import (
     logistic_regression,
     mlp,
 )
-from robust_pfl.engine.types import Attack, AttackBase, AttackContext, RoundRecord
+from robust_pfl.engine.types import AttackBase, AttackContext, BackdoorAttack, RoundRecord
 
 from robust_pfl.version import __version__
 
@@ -52,8 +52,8 @@ __all__ = [
     "linear_regression",
     "logistic_regression",
     "mlp",
-    "Attack",
     "AttackBase",
+    "BackdoorAttack",
     "AttackContext",
     "RoundRecord",
     "run",

@@ -53,7 +53,7 @@ from robust_pfl.engine.tasks import ImageTask, SyntheticLinearRegression, Task
 from robust_pfl.engine.tasks.images import TooManyByzantine
 from robust_pfl.engine.tasks.transforms import normalization_stats
 from robust_pfl.engine.data import Batch
-from robust_pfl.engine.types import AttackBase, RoundRecord
+from robust_pfl.engine.types import AttackBase, BackdoorAttack, RoundRecord
 
 if TYPE_CHECKING:
     from theory_checks.tracking import TheoryTracker
@@ -265,7 +265,7 @@ def build_federation(task: Task, config: ExperimentConfig, seed: int) -> Federat
 def _pixel_stats(config: ExperimentConfig, attack: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(mean, std)`` of an image task's normalisation when the attack stamps a
     pixel-space trigger (a backdoor, with ``stamp_trigger``); else ``None``."""
-    if attack is None or not attack.backdoor or not isinstance(config.task, ImageTaskConfig):
+    if not isinstance(attack, BackdoorAttack) or not isinstance(config.task, ImageTaskConfig):
         return None
     builder = config.task.builder()
     return _normalization(builder.dataset, builder.data_dir, builder.normalization)
@@ -282,7 +282,7 @@ def _normalization(dataset: str, data_dir: str | None, normalization: str) -> tu
 def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, str], ConfigError]) -> None:
     """A backdoor's ``target`` must be a class of the data set and its trigger must fit
     in the images (checked at load, not when the federation is built)."""
-    if attack is None or not attack.backdoor or not isinstance(config.task, ImageTaskConfig):
+    if not isinstance(attack, BackdoorAttack) or not isinstance(config.task, ImageTaskConfig):
         return
     data = _dataset(config.task.dataset, config.task.data_dir)
     try:
@@ -299,7 +299,7 @@ def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Te
     image are left out); ``{}`` for any other attack."""
     federation = algorithm.federation
     attack = federation.attack
-    if attack is None or not attack.backdoor or task.num_classes is None:
+    if not isinstance(attack, BackdoorAttack) or task.num_classes is None:
         return {}
     attack.check_target(task.num_classes)
     inputs = attack.stamp_trigger(task.test.inputs, federation.pixel_stats)

@@ -38,7 +38,7 @@ exchange before the gradient one, so the strategy runs the algorithm's round and
 the algorithm ask for what it needs (``configure_train`` / ``aggregate_train`` build
 and read those messages).
 
-Supported methods (:data:`SUPPORTED_METHODS`) are those whose clients send one vector
+Supported methods (:func:`supported_methods`) are those whose clients send one vector
 (or one vector per model of their group) per exchange and whose state lives on the
 server; see ``docs/flower.md`` for what is not wrapped and why.
 """
@@ -63,28 +63,29 @@ from robust_pfl.engine.data import Batch, ClientData
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.seeding import generator as make_generator
 from robust_pfl.engine.rounds import run_rounds
-from robust_pfl.engine.types import AttackContext
+from robust_pfl.engine.types import AttackContext, BackdoorAttack
 from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, validate
 
 if TYPE_CHECKING:  # flwr is imported lazily: the package works without it
     from flwr.app import ArrayRecord, ConfigRecord, Message
     from flwr.serverapp import Grid
 
-#: Registered methods the adapter wraps: all of their client work goes through
-#: ``Federation.gradients`` / ``cross_gradients`` (one vector per model a node
-#: evaluates) and their state lives on the server.
-SUPPORTED_METHODS: frozenset[str] = frozenset(
-    {"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto", "ifca", "ifca_model_avg", "hypcluster", "cfl",
-     "cgpfl", "clove", "pfl_tc"}
-)
+def supported_methods() -> list[str]:
+    """The registered methods the adapter wraps (``Algorithm.flower``): all of their
+    client work goes through ``Federation.gradients`` / ``cross_gradients`` (one vector
+    per model a node evaluates) and their state lives on the server."""
+    return sorted(name for name, cls in defenses.REGISTRY.items() if cls.flower)
 
-#: Methods whose message is the gradient the node computes (or, for MC, the momentum
-#: of its gradients, linear in them): a Byzantine node's gradient attack acts on that
-#: message, as in the simulator.  The others upload a model or a pseudo-gradient made
-#: by several local steps (IFCA, HypCluster, CFL, CGPFL, CLoVE, PFL-TC); there the strategy
-#: replaces the Byzantine upload through ``deliver``, as the simulator does, since an
-#: attack on each local gradient would be a different attack.
-NODE_ATTACK_METHODS: frozenset[str] = frozenset({"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto"})
+
+def node_attack_methods() -> list[str]:
+    """The wrapped methods whose message is the gradient the node computes (or, for MC,
+    the momentum of its gradients, linear in them), so that a Byzantine node's gradient
+    attack acts on that message as in the simulator (``Algorithm.flower_node_attacks``).
+    The others upload a model or a pseudo-gradient made by several local steps; there
+    the strategy replaces the Byzantine upload through ``deliver``, as the simulator
+    does, since an attack on each local gradient would be a different attack."""
+    return sorted(name for name, cls in defenses.REGISTRY.items() if cls.flower and cls.flower_node_attacks)
+
 
 #: The message type every request uses (``ClientApp.query("robust_pfl")``).
 ACTION = "query.robust_pfl"
@@ -143,9 +144,9 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
     problems: list[tuple[str, str]] = []
     for index, method in enumerate(data.get("methods") or []):
         name = method.get("name") if isinstance(method, Mapping) else None
-        if name not in SUPPORTED_METHODS:
+        if name not in supported_methods():
             problems.append((f"methods[{index}].name",
-                             f"must be a method the Flower adapter wraps ({', '.join(sorted(SUPPORTED_METHODS))}), "
+                             f"must be a method the Flower adapter wraps ({', '.join(supported_methods())}), "
                              f"got {name!r}"))
     if problems:
         raise config_error(source, problems)
@@ -160,7 +161,7 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
         problems.append(("byzantine.total", f"must be at most the number of nodes ({nodes}), got {byzantine}"))
     attack = config.attack.name
     built_attack = built(config).attack
-    if built_attack is not None and built_attack.backdoor:
+    if isinstance(built_attack, BackdoorAttack):
         problems.append(("attack.name", f"must not be a backdoor (its trigger needs pixel statistics the nodes "
                                         f"do not share), got {attack!r}"))
     if config.theory is not None:
@@ -183,13 +184,13 @@ def attack_on_node(attack: Any, method: str | None = None) -> bool:
     """Whether a Byzantine ``ClientApp`` runs ``attack`` itself (in a run of
     ``method``; ``None``: in some method): a data attack (poisoned labels), or one that
     needs nothing but the node's own vector in a method of
-    :data:`NODE_ATTACK_METHODS`; every other attack is applied by the strategy
+    :func:`node_attack_methods`; every other attack is applied by the strategy
     through :meth:`Federation.deliver`."""
     if attack is None:
         return False
     if attack.poison is not None:
         return True
-    return not frozenset(attack.needs) and (method is None or method in NODE_ATTACK_METHODS)
+    return not frozenset(attack.needs) and (method is None or method in node_attack_methods())
 
 
 # -- the server's view of the clients ----------------------------------------------------
@@ -276,7 +277,7 @@ def _strategy_base() -> type:
 
 class RobustStrategy:
     """A Flower ``Strategy`` (built by :func:`make_strategy`) running one registered
-    algorithm of :data:`SUPPORTED_METHODS` over the nodes of a ``Grid``.
+    algorithm of :func:`supported_methods` over the nodes of a ``Grid``.
 
     It keeps every node's personalised model (the algorithm's ``client_models()``)
     and sends each node only the models it must evaluate.  ``node_of[i]`` maps client

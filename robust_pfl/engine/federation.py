@@ -23,6 +23,7 @@ from robust_pfl.engine.devices import same_device
 from robust_pfl.engine.objectives import Objective
 from robust_pfl.engine.seeding import generator as make_generator
 from robust_pfl.engine.types import (
+    BackdoorAttack,
     AttackBase,
     AttackContext,
     MessageKind,
@@ -113,7 +114,7 @@ class Federation:
         rows (a trigger stamped on a share of their images, relabelled to its target);
         the images chosen come from the run's ``attack/backdoor`` stream, drawn afresh
         from the seed at every (re-)deal."""
-        if self.attack is None or not self.attack.backdoor or not bool(self.byzantine.any()):
+        if not isinstance(self.attack, BackdoorAttack) or not bool(self.byzantine.any()):
             return inputs, targets
         if self.num_classes is None:
             raise ValueError(f"attack {self.attack.name!r} plants a backdoor: it needs an image "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Literal, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import torch
 from torch import Tensor
@@ -82,10 +82,6 @@ class AttackBase(ABC):
     write_rows: ClassVar[Callable[..., None] | None] = None
     write_from: ClassVar[Callable[..., None] | None] = None
     poison: ClassVar[Callable[[Tensor, int], Tensor] | None] = None
-    #: A backdoor (:class:`attacks.backdoor.Backdoor`): its ``poison_samples`` stamps a
-    #: trigger on the Byzantine clients' training samples, and evaluation stamps the
-    #: whole trigger (``stamp_trigger``) to record the attack success rate.
-    backdoor: ClassVar[bool] = False
 
     def check_reported_models(self, models: int) -> None:
         """Raise ``ValueError`` if the attack cannot forge loss reports on ``models``
@@ -110,13 +106,41 @@ class AttackBase(ABC):
         """
 
 
-@runtime_checkable
-class Attack(Protocol):
-    """A gradient attack: given the honest messages ``[..., N, d]`` (every row as an
-    honest client would have sent it, Byzantine rows included), return the Byzantine
-    rows ``[..., n_byzantine, d]`` in the order of ``context.byzantine.nonzero()``."""
+class BackdoorAttack(AttackBase):
+    """The contract of a backdoor (BadNets, DBA, model replacement:
+    :mod:`attacks.backdoor`): the engine stamps a trigger on the Byzantine clients'
+    training images when it builds the federation, and on every test image to record
+    the attack success rate.  The engine calls these hooks only on
+    an instance of this class; a subclass implements:
 
-    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor: ...
+    * ``target``: the class a triggered image should be classified as;
+    * ``check_target(num_classes)``: raise ``ValueError`` naming ``<attack>.target``
+      unless it is one of the task's classes (checked at load);
+    * ``part_masks(height, width)``: ``[P, H, W]`` bool, the trigger part of each
+      Byzantine client (client ``i`` stamps part ``i mod P``); raises ``ValueError``
+      when the trigger does not fit the images (checked at load);
+    * ``poison_samples(inputs, targets, num_classes, stats, generator)``: the Byzantine
+      clients' ``[B, n, C, H, W]`` images and ``[B, n]`` labels after poisoning (new
+      tensors), ``stats`` the task's ``(mean, std)`` normalisation or ``None``;
+    * ``stamp_trigger(inputs, stats)``: ``inputs[..., C, H, W]`` with the full trigger
+      on every image (a new tensor).
+    """
+
+    needs: ClassVar[frozenset[str]] = frozenset({"data"})
+    target: int
+
+    @abstractmethod
+    def check_target(self, num_classes: int) -> None: ...
+
+    @abstractmethod
+    def part_masks(self, height: int, width: int) -> Tensor: ...
+
+    @abstractmethod
+    def poison_samples(self, inputs: Tensor, targets: Tensor, num_classes: int,
+                       stats: tuple[Tensor, Tensor] | None, generator: torch.Generator) -> tuple[Tensor, Tensor]: ...
+
+    @abstractmethod
+    def stamp_trigger(self, inputs: Tensor, stats: tuple[Tensor, Tensor] | None = None) -> Tensor: ...
 
 
 def attack_forges_losses(attack: AttackBase | None) -> bool:
