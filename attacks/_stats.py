@@ -101,13 +101,6 @@ def unit(vectors: Tensor) -> Tensor:
     return vectors / torch.where(length > 0, length, torch.ones_like(length))
 
 
-def distances(a: Tensor, b: Tensor) -> Tensor:
-    """``[..., P, Q]`` Euclidean distances between rows of ``a[..., P, d]`` and
-    ``b[..., Q, d]`` (leading axes broadcast); the exact difference formula, not the
-    matrix-product shortcut, so that small distances keep their precision."""
-    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
-
-
 def normal_rows(
     messages: Tensor, context: AttackContext, mean: float, std: float
 ) -> Tensor:

@@ -17,7 +17,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from attacks._stats import distances, honest_rows, norm, own_rows, unit
+from attacks._stats import honest_rows, norm, own_rows, unit
+from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
 from robust_pfl.engine.types import AttackBase, AttackContext
 
@@ -90,7 +91,7 @@ class BallEdge(AttackBase):
         if state.get("radius") is not None:
             tau = torch.as_tensor(state["radius"]).to(device=centres.device, dtype=centres.dtype)
             return tau.broadcast_to(target)
-        honest_distances = distances(centres, honest)  # [..., K, H]
+        honest_distances = euclidean_distances(centres, honest)  # [..., K, H]
         policy = state.get("radius_policy")
         if policy is not None:
             flat = honest_distances.reshape(-1, *honest_distances.shape[-2:])
@@ -104,7 +105,7 @@ class BallEdge(AttackBase):
         centres = self.centres(state, mean)
         tau = self.radius(state, centres, honest, context.round_index)
         own = own_rows(messages, context)
-        target = distances(own, centres).argmin(dim=-1)  # [..., B]
+        target = euclidean_distances(own, centres).argmin(dim=-1)  # [..., B]
         centre = torch.take_along_dim(centres, target.unsqueeze(-1), dim=-2)  # [..., B, d]
         reach = torch.take_along_dim(tau, target, dim=-1).unsqueeze(-1)  # [..., B, 1]
 
@@ -116,7 +117,7 @@ class BallEdge(AttackBase):
         away = centre - mean
         direction = torch.where(_negligible(away, norm(centre), norm(mean)), direction, unit(away))
         if self.direction == "other_centre" and centres.shape[-2] > 1:
-            between = distances(centres, centres)  # [..., K, K]
+            between = euclidean_distances(centres, centres)  # [..., K, K]
             eye = torch.eye(between.shape[-1], dtype=torch.bool, device=between.device)
             nearest = between.masked_fill(eye, float("inf")).argmin(dim=-1)  # [..., K]
             other_index = torch.take_along_dim(nearest, target, dim=-1).unsqueeze(-1)

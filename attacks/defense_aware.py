@@ -23,7 +23,7 @@ ideas on the messages the federation delivers (both omniscient):
 
 Attacks never import :mod:`defenses`: the clustering rule used when no probe is
 offered is the defense's own, from the module both share
-(:func:`robust_pfl.engine.linkage.agglomerate`).
+(:func:`robust_pfl.engine.rows.agglomerate`).
 """
 
 from __future__ import annotations
@@ -38,40 +38,13 @@ from torch import Tensor
 
 from attacks._stats import byzantine_count, expand_rows, honest_rows, norm, unit
 from attacks.base import attack_options, register
-from robust_pfl.engine.linkage import agglomerate, largest_cluster
+from robust_pfl.engine.rows import admissible_points, agglomerate, largest_cluster, masked_mean, masked_median
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 F64 = torch.float64
 
 #: The outward rotation (radians) of the membership test against a probe.
 PROBE_TURN = 1e-4
-
-
-# -- honest statistics over the admissible (finite) honest rows ------------------------------
-def admissible_rows(rows: Tensor) -> Tensor:
-    """``[..., H]`` bool: rows whose every coordinate and squared norm are finite (the
-    rows a robust aggregator keeps at all), the squared norm taken in the rows' dtype
-    (float32 for float16 and bfloat16) as the defenses take it: a float32 row of norm
-    past 1.8e19 is dropped by them, so it is here."""
-    wide = rows.float() if rows.dtype in (torch.float16, torch.bfloat16) else rows
-    return torch.isfinite(rows).all(dim=-1) & torch.isfinite(wide.square().sum(dim=-1))
-
-
-def masked_mean(rows: Tensor, mask: Tensor) -> Tensor:
-    """``[..., 1, d]`` the mean of the ``mask``-ed rows (0 where none)."""
-    kept = torch.where(mask.unsqueeze(-1), rows, torch.zeros_like(rows))
-    return kept.sum(dim=-2, keepdim=True) / mask.sum(dim=-1).clamp_min(1)[..., None, None].to(rows.dtype)
-
-
-def masked_median(values: Tensor, mask: Tensor) -> Tensor:
-    """``[...]`` the statistical median (mean of the two middle values for an even
-    count) of ``values[..., H]`` over ``mask``; 0 where the mask is empty."""
-    count = mask.sum(dim=-1)
-    ordered = torch.where(mask, values, torch.full_like(values, math.inf)).sort(dim=-1).values
-    low = ((count - 1).clamp_min(0) // 2).unsqueeze(-1)
-    high = (count // 2).clamp_max(max(values.shape[-1] - 1, 0)).unsqueeze(-1)
-    middle = (ordered.gather(-1, low) + ordered.gather(-1, high)).squeeze(-1) / 2
-    return torch.where(count > 0, middle, torch.zeros_like(middle))
 
 
 # -- ClippedClustering -----------------------------------------------------------------------
@@ -100,7 +73,7 @@ class ClippedClusteringAttack(AttackBase):
       the aggregate (a filter that dropped them gives the same output for both: the
       test is exact for ClippedClustering unless the rows' membership, or which honest
       rows are kept, changes within that turn);
-    * else :func:`robust_pfl.engine.linkage.agglomerate` on the cosine distances of the delivered rows
+    * else :func:`robust_pfl.engine.rows.agglomerate` on the cosine distances of the delivered rows
       (clipping does not change directions), the Byzantine rows kept when they are in
       the larger cluster (ties: the one holding the lowest row), as ClippedClustering
       does.
@@ -130,7 +103,7 @@ class ClippedClusteringAttack(AttackBase):
         """``(u, v, m)``: the unit mean ``[..., 1, d]``, the unit turn direction
         ``[..., 1, d]`` (orthogonal to ``u``) and the median norm ``[..., 1, 1]``."""
         wide = torch.where(admissible.unsqueeze(-1), honest.to(F64), torch.zeros_like(honest, dtype=F64))
-        mean = masked_mean(wide, admissible)
+        mean = masked_mean(wide, admissible).unsqueeze(-2)
         u = torch.where(norm(mean) > 0, unit(mean), unit(draws[0].to(mean.device)).expand_as(mean))
         units = unit(wide)
         cosines = (units * u).sum(dim=-1)  # [..., H]
@@ -151,7 +124,7 @@ class ClippedClusteringAttack(AttackBase):
         if count == 0:
             return expand_rows(messages[..., :0, :], messages, context)
         honest = honest_rows(messages, context)
-        admissible = admissible_rows(honest)
+        admissible = admissible_points(honest)
         u, v, m = self.plane(honest, admissible, draws)
         lead = messages.shape[:-2]
         if bool(byzantine.all()):  # every sender is ours: nothing to stay close to
@@ -304,10 +277,10 @@ class SignGuardAttack(AttackBase):
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
         honest = honest_rows(messages, context)
-        admissible = admissible_rows(honest)
+        admissible = admissible_points(honest)
         wide = torch.where(admissible.unsqueeze(-1), honest.to(F64), torch.zeros_like(honest, dtype=F64))
         count = admissible.sum(dim=-1).clamp_min(1).to(F64).unsqueeze(-1)  # [..., 1]
-        mean = masked_mean(wide, admissible).squeeze(-2)  # [..., d]
+        mean = masked_mean(wide, admissible)  # [..., d]
         shown = admissible.unsqueeze(-1)
         negative = ((wide < 0) & shown).sum(dim=-2) / count  # per coordinate, the honest frequency
         zero = ((wide == 0) & shown).sum(dim=-2) / count

@@ -29,10 +29,10 @@ from torch import Tensor
 from attacks._stats import (
     byzantine_count,
     byzantine_shape,
-    distances,
     expand_rows,
     honest_rows,
 )
+from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
 from robust_pfl.engine.types import AttackBase, AttackContext
 
@@ -130,7 +130,7 @@ class FangKrum(AttackBase):
         reference = mean if self.centre == "mean" else torch.zeros_like(mean)
         senders, byzantine = messages.shape[-2], byzantine_count(context)
         f = min(byzantine if self.f is None else self.f, max((senders - 3) // 2, 0))  # Krum needs n > 2f + 2
-        pairwise = distances(honest, honest)  # [..., H, H]
+        pairwise = euclidean_distances(honest, honest)  # [..., H, H]
         honest_squared = pairwise.square()
         lam = self.upper_bound(honest, pairwise, reference, senders, byzantine)  # [...]
         chosen = torch.full_like(lam, math.nan)

@@ -24,7 +24,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from attacks._stats import distances, expand_rows, honest_rows, mean_and_std, unit
+from attacks._stats import expand_rows, honest_rows, mean_and_std, unit
+from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
 from robust_pfl.engine.types import AttackBase, AttackContext
 
@@ -82,7 +83,7 @@ class _PerturbedMean(AttackBase):
 
     def gamma(self, honest: Tensor, mean: Tensor, direction: Tensor) -> Tensor:
         """``[...]`` the searched ``gamma`` of every leading block."""
-        limit = self.bound(distances(honest, honest).square())
+        limit = self.bound(euclidean_distances(honest, honest).square())
 
         def feasible(gamma: Tensor) -> Tensor:
             candidate = mean + gamma[..., None, None] * direction

@@ -5,10 +5,10 @@ Federated Learning") comes first (Alg. 1-4, and the workshop paper's PFL-TC and
 decentralised PDL-TC), then the clustered-PFL systems of the field (IFCA, HypCluster,
 CFL, CLoVE, CGPFL, FedSPD, Ditto, KNN-Per);
 the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clipping,
-bucketing) live in :mod:`defenses.robust_aggregators` (MDA, MoNNA, Meamed, CAF and SMEA in
-:mod:`defenses.byzfl_aggregators`; Bulyan, DnC, ClippedClustering, SignGuard and FLAME in
-:mod:`defenses.filtering_aggregators`) and plug into ``global``, after
-the pre-aggregators of :mod:`defenses.preaggregators` (``pre = ["nnm", ...]``).
+bucketing) live in :mod:`defenses.aggregators` (MDA, MoNNA, Meamed, CAF and SMEA in
+:mod:`defenses.aggregators`; Bulyan, DnC, ClippedClustering, SignGuard and FLAME in
+:mod:`defenses.aggregators`) and plug into ``global``, after
+the pre-aggregators of :mod:`defenses.aggregators` (``pre = ["nnm", ...]``).
 """
 
 from defenses.base import REGISTRY, Algorithm, AlgorithmParams, build, register
@@ -22,23 +22,11 @@ from defenses.radius import (
     TheoryRadius,
     make_radius,
 )
-from defenses.robust_aggregators import (
-    AGGREGATORS,
-    Aggregator,
-    Bucketing,
-    CenteredClipping,
-    CoordinateMedian,
-    GeometricMedian,
-    Krum,
-    Mean,
-    MultiKrum,
-    TrimmedMean,
-    make_aggregator,
-)
-from defenses.robust_aggregators import describe as describe_aggregator
-from defenses.robust_aggregators import register as register_aggregator
-from defenses.preaggregators import PRE_AGGREGATORS, PreAggregated, PreAggregator, make_pre_aggregator
-from defenses.preaggregators import register as register_pre_aggregator
+from defenses.aggregators import AGGREGATORS, Aggregator, Bucketing, CenteredClipping, CoordinateMedian, GeometricMedian, Krum, Mean, MultiKrum, TrimmedMean, make_aggregator
+from defenses.aggregators import PRE_AGGREGATORS, PreAggregated, PreAggregator, make_pre_aggregator
+from defenses.aggregators import describe as describe_aggregator
+from defenses.aggregators import register as register_aggregator
+from defenses.aggregators.preaggregation import register as register_pre_aggregator
 from defenses.threshold_clustering import (
     ClusteringResult,
     nearest_centre,
@@ -47,7 +35,6 @@ from defenses.threshold_clustering import (
 
 # Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per, trust_aggregation  # noqa: E402,F401  isort: skip
-from defenses import byzfl_aggregators, filtering_aggregators  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "REGISTRY",

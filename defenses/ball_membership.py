@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from defenses.primitives import euclidean_distances
+from robust_pfl.engine.rows import euclidean_distances
 from defenses.radius import RadiusPolicy
 from defenses.row_reads import scratch
 

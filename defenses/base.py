@@ -180,9 +180,11 @@ def unknown_method(name: str) -> str:
     return f"unknown method {name!r}{did_you_mean(name, REGISTRY)}; allowed: {sorted(REGISTRY)}"
 
 
-def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None) -> Algorithm:
-    """Construct a registered algorithm from plain options (validated)."""
+def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None,
+          params: AlgorithmParams | None = None) -> Algorithm:
+    """Construct a registered algorithm from plain options (validated), or from its
+    ``params`` where a config's validation built them already."""
     if name not in REGISTRY:
         raise ValueError(unknown_method(name))
     cls = REGISTRY[name]
-    return cls(federation, cls.Params(**dict(options or {})))
+    return cls(federation, cls.Params(**dict(options or {})) if params is None else params)

@@ -12,7 +12,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
-from defenses.robust_aggregators import Aggregator, make_aggregator
+from defenses.aggregators import Aggregator, make_aggregator
 from defenses.round_buffers import RoundBuffers
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.types import RoundRecord

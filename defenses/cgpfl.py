@@ -61,11 +61,8 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.kmeans_init import KMeansResult, kmeans
 from defenses.optimiser import HeavyBall
-from defenses.primitives import (
-    admissible_group_mean,
-    admissible_points,
-    euclidean_distances,
-)
+from defenses.primitives import admissible_group_mean
+from robust_pfl.engine.rows import admissible_points, euclidean_distances
 from defenses.round_buffers import RoundBuffers
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.types import RoundRecord

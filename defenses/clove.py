@@ -39,7 +39,7 @@ from defenses.base import AlgorithmParams, register
 from defenses.ifca import ClusterChoice, lowest_reported
 from defenses.kmeans_init import kmeans
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_points
+from robust_pfl.engine.rows import admissible_points
 from defenses.round_buffers import LocalStart, run_local_steps
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.federation import Federation

@@ -14,7 +14,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_points, euclidean_distances
+from robust_pfl.engine.rows import admissible_points, euclidean_distances
 from defenses.radius import RadiusPolicy, make_radius
 from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
 from robust_pfl.engine.data import Batch

@@ -2,7 +2,7 @@
 algorithms (:func:`check_algorithm`): they run on a class of your own what the
 project's suites run on every registered one.
 
-A robust aggregator (a subclass of :class:`defenses.robust_aggregators.Aggregator`,
+A robust aggregator (a subclass of :class:`defenses.aggregators.Aggregator`,
 registered with ``defenses.register_aggregator``) maps messages ``[..., N, d]`` (and
 optionally the previous aggregate and a generator) to ``[..., d]`` and must:
 
@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Mapping
 import torch
 from torch import Tensor
 
-from defenses.robust_aggregators import Aggregator, make_aggregator
+from defenses.aggregators import Aggregator, make_aggregator
 from robust_pfl.engine.conformance import ConformanceError
 from robust_pfl.engine.types import AttackBase, AttackContext, RoundRecord
 

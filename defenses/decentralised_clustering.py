@@ -35,7 +35,7 @@ from defenses.clustering_algorithms import (
 )
 from defenses.graph_rounds import received_from_neighbours
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_points, euclidean_distances, squared_norms
+from robust_pfl.engine.rows import admissible_points, euclidean_distances, squared_norms
 from defenses.radius import (
     OFFICIAL_QUANTILE_FACTOR,
     FixedRadius,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from defenses.optimiser import HeavyBall
-from defenses.robust_aggregators import make_aggregator
+from defenses.aggregators import make_aggregator
 from defenses.round_buffers import RoundBuffers
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.federation import Federation

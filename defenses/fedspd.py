@@ -29,7 +29,7 @@ from torch.func import vmap
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_points
+from robust_pfl.engine.rows import admissible_points
 from robust_pfl.engine.data import Batch, ClientData
 from robust_pfl.engine.devices import memory_budget_mb, same_device
 from robust_pfl.engine.federation import Federation

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.optimiser import HeavyBall
-from defenses.primitives import admissible_group_mean, admissible_points
+from defenses.primitives import admissible_group_mean
+from robust_pfl.engine.rows import admissible_points
 from defenses.round_buffers import LocalStart, RoundBuffers, run_local_steps
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.federation import Federation

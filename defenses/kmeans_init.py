@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from defenses.primitives import admissible_points, euclidean_distances, group_mean
+from defenses.primitives import group_mean
+from robust_pfl.engine.rows import admissible_points, euclidean_distances
 from defenses.row_reads import scratch
 
 

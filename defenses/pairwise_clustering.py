@@ -61,7 +61,8 @@ from defenses.ball_membership import (
     tie_tolerance,
 )
 from defenses.radius import RadiusPolicy
-from defenses.row_reads import rowdot, weighted_rows
+from defenses.row_reads import weighted_rows
+from robust_pfl.engine.rows import rowdot
 from robust_pfl.engine.devices import engine, same_device
 
 

@@ -1,7 +1,6 @@
-"""The row-level primitives the defenses share: which rows are usable, distances
-between rows, and means within groups of rows.  Threshold clustering, the robust
-aggregators and the clustered-PFL systems are built on these; none of them is an
-algorithm of its own.
+"""Means within groups of rows, which the clustered defenses share (which rows are
+usable, and distances between rows, are the row floor's:
+:mod:`robust_pfl.engine.rows`, shared with the attacks).
 
 Every function is batched over leading dimensions where its docstring says so, and
 treats a row with a NaN or infinite coordinate (or an overflowing squared norm) as
@@ -13,35 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from defenses.row_reads import rowdot
-
-# Dtypes computed in float32: torch.cdist lacks them, and float16 squared norms overflow.
-WIDENED_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def squared_norms(points: Tensor) -> Tensor:
-    """``||z_j||^2`` for every row, ``[..., N]``, by one batched self-dot (no ``[N, d]``
-    temporary).  NaN/Inf coordinates give NaN/Inf; an overflowing sum gives Inf."""
-    return rowdot(points, points)
-
-
-def admissible_points(points: Tensor) -> Tensor:
-    """``[..., N]`` mask of points with finite coordinates and finite squared norm
-    (taken in float32 for float16 and bfloat16 rows: a float16 row of norm 300 is an
-    ordinary row, though its squared norm overflows float16)."""
-    wide = points.float() if points.dtype in WIDENED_DTYPES else points
-    return torch.isfinite(squared_norms(wide))
-
-
-def euclidean_distances(a: Tensor, b: Tensor) -> Tensor:
-    """``[..., P, Q]`` distances between the rows of ``a[..., P, d]`` and ``b[..., Q, d]``
-    by the difference formula: exact to rounding, and every pair is computed alike, so
-    identical rows get identical distances.  float16 and bfloat16 rows are compared in
-    float32 and their distances rounded back to their dtype."""
-    if a.dtype in WIDENED_DTYPES:
-        return torch.cdist(a.float(), b.float(), compute_mode="donot_use_mm_for_euclid_dist").to(a.dtype)
-    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
-
+from robust_pfl.engine.rows import admissible_points
 
 def group_mean(messages: Tensor, groups: Tensor, count: int, include: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Mean of ``messages[N, d]`` within each group id in ``[0, count)``.

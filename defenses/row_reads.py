@@ -115,21 +115,6 @@ def _blocked_product(weights: Tensor, z: Tensor) -> Tensor:
     return out
 
 
-def rowdot(a: Tensor, b: Tensor) -> Tensor:
-    """``<a_k, b_k>`` over the last dimension, shaped ``a.shape[:-1]`` (with ``a = b``:
-    the squared norms of :func:`defenses.threshold_clustering.squared_norms`).  One
-    batched ``[1, d] x [d, 1]`` product per row, with ``b``'s rows as transposed
-    ``[1, d]`` views.  MKL sums that layout in blocks: relative error 1.2e-5 against
-    float64 on ``1e6 + 200 randn`` rows of 159,010, where ``einsum`` (and the same
-    product with ``b`` as ``[d, 1]`` columns) summed to 1.7e-3, past the rounding slack
-    of the inner-product evaluations; and it is faster too.  ``linalg.vecdot``
-    multiplies into a fresh ``[B, K, d]`` tensor first, whose page faults make it
-    slower (benchmarks/README.md, "Kernel choices")."""
-    count, d = math.prod(a.shape[:-1]), a.shape[-1]  # not -1: ambiguous when d = 0
-    rows = torch.bmm(a.reshape(count, 1, d), b.reshape(count, 1, d).transpose(1, 2))
-    return rows.reshape(a.shape[:-1])
-
-
 def weighted_rows(weights: Tensor, z: Tensor, problems: Tensor | None = None) -> Tensor:
     """``weights[B, K, N] @ z[B, N, d]``; with ``problems[P]``, ``weights[P, K, N]``
     are those problems' weights and the result is ``weights @ z[problems]``, without

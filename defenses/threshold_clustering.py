@@ -62,14 +62,10 @@ from defenses.ball_membership import (
     tie_tolerance,
 )
 from defenses.pairwise_clustering import pairwise_products, run_pairwise
-from defenses.primitives import (
-    WIDENED_DTYPES,
-    admissible_points,
-    euclidean_distances,
-    squared_norms,
-)
+from robust_pfl.engine.rows import WIDENED_DTYPES, admissible_points, euclidean_distances, squared_norms
 from defenses.radius import RadiusPolicy, RadiusSpec, make_radius
-from defenses.row_reads import row_products, rowdot, scratch, weighted_rows
+from defenses.row_reads import row_products, scratch, weighted_rows
+from robust_pfl.engine.rows import rowdot
 from robust_pfl.engine.devices import engine
 
 Method = Literal["direct", "gram", "pairwise"]

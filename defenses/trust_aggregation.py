@@ -5,7 +5,7 @@ Both are algorithms built on :class:`defenses.baselines.Global`: one shared mode
 same batch stream, delivery, heavy-ball step, round records and adaptive-attack probe
 (``defense_state["aggregate"]``); only the server's rule differs (Global's
 ``_rule`` / ``_aggregate`` hooks).  They are algorithms rather than
-:class:`~defenses.robust_aggregators.Aggregator` s because an aggregator is a pure
+:class:`~defenses.aggregators.Aggregator` s because an aggregator is a pure
 function of the received rows, and these are not:
 
 * **FLTrust** (Cao, Fang, Liu, Gong, NDSS 2021, "FLTrust: Byzantine-robust federated
@@ -23,7 +23,7 @@ is plain attributes, pickled with the algorithm into checkpoints.
 The rules themselves are the batched functions :func:`fltrust_aggregate` and
 :func:`foolsgold_weights` (messages ``[..., N, d]``, no loop over clients), so attacks
 can probe them over leading dimensions.  Robustness follows
-:mod:`defenses.robust_aggregators`: a row with a NaN or infinite coordinate or an
+:mod:`defenses.aggregators`: a row with a NaN or infinite coordinate or an
 overflowing squared norm is inadmissible and gets weight zero; a problem where every
 weight is zero gets the zero update.
 """
@@ -36,8 +36,8 @@ from torch import Tensor
 
 from defenses.base import AlgorithmParams, RoundWork, register
 from defenses.baselines import Global
-from defenses.primitives import admissible_points, squared_norms
-from defenses.robust_aggregators import Aggregator, Rows
+from robust_pfl.engine.rows import admissible_points, squared_norms
+from defenses.aggregators import Aggregator, Rows
 from robust_pfl.engine.data import ClientData
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.seeding import generator as make_generator

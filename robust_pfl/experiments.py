@@ -362,7 +362,7 @@ def run_method(
         if report is not None:
             report(f"resumed at round {done} of {config.rounds}")
     else:
-        algorithm = defenses.REGISTRY[method.name](parts.federation, method_params(config, method))
+        algorithm = defenses.build(method.name, parts.federation, params=method_params(config, method))
         done, table = 0, ResultTable()
         algorithm.snapshot_records = False  # each record is read within its round only
         table.add(method.display, seed, 0, honest_means(parts.evaluation, algorithm))

@@ -289,7 +289,7 @@ class RobustStrategy:
         attack = built(config).attack
         #: whether Byzantine nodes attack their replies themselves (not a data attack)
         self.nodes_attack = attack_on_node(attack, method.name) and attack.poison is None
-        self.algorithm = defenses.REGISTRY[method.name](self.federation, method_params(config, method))
+        self.algorithm = defenses.build(method.name, self.federation, params=method_params(config, method))
         self.algorithm.snapshot_records = False
         self.grid: Grid | None = None
         self.node_of: dict[int, int] = {}

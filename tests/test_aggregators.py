@@ -1,5 +1,5 @@
 """Conformance and guarantees of the classic robust aggregators
-(:mod:`defenses.robust_aggregators`) and of ``global`` using them.
+(:mod:`defenses.aggregators`) and of ``global`` using them.
 
 The conformance suite is parametrised over ``sorted(AGGREGATORS)`` with default
 construction, so a newly registered aggregator is checked automatically: shapes,
@@ -24,23 +24,8 @@ from hypothesis import strategies as st
 import attacks
 import defenses
 from defenses.baselines import GlobalParams
-from defenses.robust_aggregators import (
-    AGGREGATORS,
-    Aggregator,
-    Bucketing,
-    CenteredClipping,
-    CoordinateMedian,
-    GeometricMedian,
-    Krum,
-    Mean,
-    MultiKrum,
-    Rows,
-    TrimmedMean,
-    _mean_of_order_statistics,
-    coordinate_median,
-    describe,
-    make_aggregator,
-)
+from defenses.aggregators import AGGREGATORS, Aggregator, Bucketing, CenteredClipping, CoordinateMedian, GeometricMedian, Krum, Mean, MultiKrum, Rows, TrimmedMean, describe, make_aggregator
+from robust_pfl.engine.rows import coordinate_median, mean_of_order_statistics
 from robust_pfl.engine.conformance import ConformanceError
 from defenses.conformance import (
     HOSTILE_ROWS,
@@ -288,11 +273,11 @@ def test_median_and_trimmed_mean_equal_the_masked_sums_of_torch_sorted_columns(l
     rows = Rows.of(x)
     masked = torch.where(rows.admissible.unsqueeze(-1), rows.values, math.inf).sort(dim=-2).values
     count = rows.count
-    median = _mean_of_order_statistics(masked, count, (count - 1) // 2, count // 2 + 1)
+    median = mean_of_order_statistics(masked, count, (count - 1) // 2, count // 2 + 1)
     assert torch.equal(_bits(coordinate_median(rows)), _bits(median))
     f = data.draw(st.integers(0, (n - 1) // 2))
     cut = torch.minimum(torch.full_like(count, f), ((count - 1) // 2).clamp_min(0))  # the budget's cap
-    trimmed = _mean_of_order_statistics(masked, count, cut, count - cut)
+    trimmed = mean_of_order_statistics(masked, count, cut, count - cut)
     assert torch.equal(_bits(TrimmedMean(f=f).aggregate_rows(rows, None, None)), _bits(trimmed))
 
 
@@ -469,9 +454,11 @@ def make_federation(attack=None, byzantine_total: int = 2, seed: int = 0) -> Fed
     return Federation(task.objective, task.train, task.cluster_ids, task.byzantine, seed, 4, attack)
 
 
-def test_global_params_validate_the_aggregator_spec_naming_the_field():
-    assert GlobalParams().aggregator == "mean"
-    assert GlobalParams(aggregator={"name": "trimmed_mean", "f": 2}).aggregator["f"] == 2
+def test_global_params_build_the_aggregator_once_and_validate_it_naming_the_field():
+    assert GlobalParams().aggregator == Mean()
+    assert GlobalParams(aggregator={"name": "trimmed_mean", "f": 2}).aggregator == TrimmedMean(f=2)
+    built = Krum(f=1)
+    assert GlobalParams(aggregator=built).aggregator is built  # carried as the object, not re-parsed
     for bad in ("nope", {"name": "krum", "f": -1}, {"name": "median", "f": 1}):
         with pytest.raises(ValueError, match="aggregator") as info:
             GlobalParams(aggregator=bad)

@@ -1,4 +1,4 @@
-"""The ByzFL aggregators of :mod:`defenses.byzfl_aggregators` (MDA, MoNNA, Meamed,
+"""The ByzFL aggregators of :mod:`defenses.aggregators` (MDA, MoNNA, Meamed,
 CAF, SMEA) against straightforward NumPy implementations of their papers'
 definitions, written here with plain loops over subsets, rows and coordinates, on
 random and tie-heavy instances with NaN / Inf / overflowing rows mixed in; the
@@ -16,16 +16,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import defenses.byzfl_aggregators as byzfl  # registers the five rules
-from defenses.byzfl_aggregators import (
-    CovarianceBoundAgnosticFilter,
-    Meamed,
-    MinimumDiameterAveraging,
-    MoNNA,
-    SmallestMaximumEigenvalueAveraging,
-)
+import defenses.aggregators as byzfl  # registers the five rules
+from defenses.aggregators import CovarianceBoundAgnosticFilter, Meamed, MinimumDiameterAveraging, MoNNA, SmallestMaximumEigenvalueAveraging
 from defenses.conformance import check_aggregator
-from defenses.robust_aggregators import AGGREGATORS, describe, make_aggregator
+from defenses.aggregators import AGGREGATORS, describe, make_aggregator
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -549,8 +549,8 @@ OLD = ROOT / "tests" / "data" / "old_checkpoints"
 def test_a_checkpoint_written_before_the_engine_and_aggregators_moved_resumes(name, tmp_path):
     """Checkpoints written at commit d6839b2 (``tests/data/old_checkpoints/make.py``),
     whose pickles name ``robust_pfl.federation``, ``robust_pfl.checkpoint``,
-    ``defenses.robust_aggregators``, ``defenses.preaggregators`` and
-    ``defenses.filtering_aggregators``, load through ``MOVED_MODULES`` and resume to the
+    ``defenses.aggregators``, ``defenses.aggregators`` and
+    ``defenses.aggregators``, load through ``MOVED_MODULES`` and resume to the
     rows of a run that never stopped."""
     import json
     import shutil

@@ -34,7 +34,7 @@ def test_listings_describe_attack_and_aggregator_options(capsys, monkeypatch):
     main(["defenses"])
     listed += capsys.readouterr().out
     assert "      s: default 2  rows per bucket" in listed  # bucketing
-    described += [defenses.robust_aggregators.describe(cls)["descriptions"] for cls in defenses.AGGREGATORS.values()]
+    described += [defenses.aggregators.describe(cls)["descriptions"] for cls in defenses.AGGREGATORS.values()]
     for options in described:
         for option, text in options.items():
             assert f"      {option}: default " in listed and f"  {text}" in listed, (option, text)

@@ -22,7 +22,8 @@ import attacks.defense_aware  # registers clipped_clustering_attack, signguard_a
 import defenses
 from attacks.conformance import check_metadata
 from attacks.defense_aware import ClippedClusteringAttack, SignGuardAttack
-from defenses.filtering_aggregators import agglomerate, two_means
+from robust_pfl.engine.rows import agglomerate
+from defenses.aggregators import two_means
 from robust_pfl.engine.types import AttackContext
 
 pytestmark = pytest.mark.usefixtures("single_thread")

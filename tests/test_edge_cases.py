@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 import attacks
 from defenses.ball_membership import row_copies
 from defenses.ifca import IFCA
-from defenses.primitives import admissible_points
-from defenses.robust_aggregators import AGGREGATORS, make_aggregator
+from robust_pfl.engine.rows import admissible_points
+from defenses.aggregators import AGGREGATORS, make_aggregator
 from defenses.threshold_clustering import METHODS, nearest_centre, threshold_clustering
 from robust_pfl import Federation, experiments
 from robust_pfl.engine.data import ClientData

@@ -1,5 +1,5 @@
 """Bulyan, DnC, ClippedClustering, SignGuard and FLAME
-(:mod:`defenses.filtering_aggregators`).
+(:mod:`defenses.aggregators`).
 
 Each aggregator is compared with a straightforward implementation written here from
 its paper's definition (NumPy loops over rows, scipy's hierarchical clustering where
@@ -22,9 +22,9 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
-import defenses.filtering_aggregators as fa  # registers the aggregators
+import defenses.aggregators as fa  # registers the aggregators
 from defenses.conformance import check_aggregator
-from defenses.robust_aggregators import AGGREGATORS, make_aggregator
+from defenses.aggregators import AGGREGATORS, make_aggregator
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -49,7 +49,7 @@ def hostile_configs(draw) -> dict:
     options = draw(options_of(params))
     if method == "global" and draw(st.booleans()):
         aggregator = draw(st.sampled_from(sorted(defenses.AGGREGATORS)))
-        fields = list(defenses.robust_aggregators.describe(defenses.AGGREGATORS[aggregator])["parameters"])
+        fields = list(defenses.aggregators.describe(defenses.AGGREGATORS[aggregator])["parameters"])
         options["aggregator"] = {"name": aggregator, **draw(options_of(fields))}
     attack = draw(st.sampled_from(["none", *sorted(attacks.REGISTRY)]))
     attack_fields = [] if attack == "none" else list(attacks.describe(attacks.REGISTRY[attack])["parameters"])

@@ -1,4 +1,4 @@
-"""Pre-aggregators (:mod:`defenses.preaggregators`): NNM (Allouah et al. 2023),
+"""Pre-aggregators (:mod:`defenses.aggregators`): NNM (Allouah et al. 2023),
 bucketing (Karimireddy et al. 2022, Alg. 1), static clipping and ARC (Allouah et al.
 2024), and their composition with any aggregator through ``pre``.
 
@@ -24,17 +24,8 @@ from hypothesis import strategies as st
 
 from defenses.baselines import GlobalParams
 from defenses.conformance import check_aggregator
-from defenses.preaggregators import (
-    PRE_AGGREGATORS,
-    AdaptiveRobustClipping,
-    BucketMeans,
-    NearestNeighbourMixing,
-    PreAggregated,
-    StaticClipping,
-    describe,
-    make_pre_aggregator,
-)
-from defenses.robust_aggregators import Bucketing, CoordinateMedian, Krum, make_aggregator
+from defenses.aggregators import PRE_AGGREGATORS, AdaptiveRobustClipping, BucketMeans, NearestNeighbourMixing, PreAggregated, StaticClipping, describe, make_pre_aggregator
+from defenses.aggregators import Bucketing, CoordinateMedian, Krum, make_aggregator
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -24,7 +24,7 @@ import defenses
 import defenses.trust_aggregation  # registers "fltrust" and "foolsgold" until defenses/__init__ imports it
 from defenses.baselines import Global
 from defenses.optimiser import HeavyBall
-from defenses.robust_aggregators import make_aggregator
+from defenses.aggregators import make_aggregator
 from defenses.round_buffers import RoundBuffers
 from defenses.trust_aggregation import (
     FLTrust,

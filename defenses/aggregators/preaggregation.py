@@ -6,12 +6,12 @@ A configuration chains them in front of any aggregator with the key ``pre``::
     aggregator = { name = "krum", pre = ["nnm", { name = "clipping", tau = 1.0 }] }
 
 applies nearest-neighbour mixing, then static clipping, then Krum
-(:func:`defenses.robust_aggregators.make_aggregator` builds a :class:`PreAggregated`).
+(:func:`defenses.aggregators.make_aggregator` builds a :class:`PreAggregated`).
 A pre-aggregator maps ``[..., N, d]`` to ``[..., M, d]`` (``M = N`` except for
 bucketing), batched over leading problem dimensions like the aggregators.
 
 Inadmissible rows (a NaN / Inf coordinate or an overflowing squared norm, see
-:mod:`defenses.robust_aggregators`) are dropped *before* each step: a step sees only
+:mod:`robust_pfl.engine.rows`) are dropped *before* each step: a step sees only
 the admissible rows, its counts (``n`` in ``f = floor(fraction * n)``, NNM's ``n - f``
 neighbours, ARC's ``k``) are those of the admissible rows, and an inadmissible input
 row never influences an output row.  Its output position stays inadmissible (NNM,
@@ -21,7 +21,7 @@ an output row whose squared norm overflows is inadmissible too.  The public
 so the next step (or the aggregator) drops them.
 
 Conventions against ByzFL: ``f`` is given as ``f`` or ``fraction`` (``f = floor(fraction
-* n)`` of the ``n`` admissible rows), as for :class:`~defenses.robust_aggregators.TrimmedMean`;
+* n)`` of the ``n`` admissible rows), as for :class:`~defenses.aggregators.TrimmedMean`;
 neither given means ``f = 1`` (ByzFL's default is ``f = 0``, i.e. no mixing or
 clipping).  NNM and ARC require ``2f < n`` (the papers' ``f < n/2``) and, where dropped
 rows leave fewer admissible rows, shrink ``f`` to ``(n - 1) // 2``.  ByzFL's
@@ -41,21 +41,10 @@ import torch
 from pydantic import Field, field_validator
 from torch import Tensor
 
-from defenses.primitives import admissible_points
-from defenses.robust_aggregators import (
-    Aggregator,
-    Rows,
-    per_problem,
-    aggregator_options,
-    bucket_means,
-    budget_of,
-    budgets_of,
-    check_one_budget,
-    make_aggregator,
-    row_norms,
-    squared_distances,
-)
+from defenses.aggregators.base import Aggregator, aggregator_options
+from defenses.aggregators.statistics import bucket_means
 from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
+from robust_pfl.engine.rows import ByzantineBudget, Rows, admissible_points, per_problem, row_norms, wide_squared_distances
 from robust_pfl.engine.validation import descriptions, options
 
 
@@ -68,7 +57,7 @@ def settled(values: Tensor, admissible: Tensor) -> Rows:
     return Rows(values, admissible, admissible.sum(-1))
 
 
-def _scaled(rows: Rows, bound: Tensor | float) -> Tensor:
+def scaled_to(rows: Rows, bound: Tensor | float) -> Tensor:
     """Each admissible row scaled to norm at most ``bound`` (``[...]`` or a number):
     ``x min(1, bound / ||x||)``; rows within the bound are returned exactly."""
     norms = row_norms(rows.values)
@@ -79,7 +68,6 @@ def _scaled(rows: Rows, bound: Tensor | float) -> Tensor:
     return rows.values * scale.unsqueeze(-1)
 
 
-# -- the interface -------------------------------------------------------------------------
 class PreAggregator(ABC):
     """Base class of a pre-aggregator: ``__call__(messages[..., N, d], generator=None)``
     -> ``[..., M, d]``, NaN rows where the output is inadmissible.
@@ -124,10 +112,13 @@ class PreAggregator(ABC):
 
 PRE_AGGREGATORS: dict[str, type[PreAggregator]] = {}
 
+
 register = registrar(PRE_AGGREGATORS, "pre-aggregator")
+
 
 #: Class decorator of the built-in pre-aggregators (see ``aggregator_options``).
 pre_aggregator_options = options("pre-aggregator")
+
 
 PreAggregatorSpec = Union[str, Mapping[str, Any], PreAggregator]
 
@@ -167,7 +158,7 @@ def make_pre_aggregators(specs: Any, where: str = "pre") -> tuple[PreAggregator,
 
 def describe(cls: type[PreAggregator]) -> dict[str, Any]:
     """``{"name", "summary", "reference", "parameters", "descriptions"}`` of a
-    pre-aggregator class, as :func:`defenses.robust_aggregators.describe`."""
+    pre-aggregator class, as :func:`defenses.aggregators.describe`."""
     return {
         "name": cls.name,
         "summary": cls.summary,
@@ -177,7 +168,6 @@ def describe(cls: type[PreAggregator]) -> dict[str, Any]:
     }
 
 
-# -- the composition -------------------------------------------------------------------------
 @aggregator_options
 class PreAggregated(Aggregator):
     """``inner`` applied to the rows the ``pre`` steps return, in order (ByzFL's
@@ -196,7 +186,9 @@ class PreAggregated(Aggregator):
     @field_validator("inner")
     @classmethod
     def _inner_aggregator(cls, inner: Any) -> Aggregator:
-        return make_aggregator(inner)
+        if not isinstance(inner, Aggregator):  # specs are built by make_aggregator, which builds this
+            raise ValueError(f"must be an Aggregator, got {inner!r}")
+        return inner
 
     @field_validator("pre")
     @classmethod
@@ -231,25 +223,12 @@ def pre_aggregated(inner: Aggregator, pre: Any, where: str = "pre") -> Aggregato
     return PreAggregated(inner=inner, pre=steps) if steps else inner
 
 
-# -- the pre-aggregators -------------------------------------------------------------------
 @pre_aggregator_options
-class _Budgeted(PreAggregator):
+class BudgetedPreAggregator(ByzantineBudget, PreAggregator):
     """A step parametrised by the number ``f`` of Byzantine rows, as
-    ``_ByzantineBudget``: ``f``, or ``fraction`` (``f = floor(fraction * n)`` of the
+    ``BudgetedAggregator``: ``f``, or ``fraction`` (``f = floor(fraction * n)`` of the
     ``n`` admissible rows); neither means ``f = 1``.  Requires ``2f < n``; fewer
     admissible rows shrink ``f`` to ``(n - 1) // 2``."""
-
-    f: Annotated[int | None, Field(ge=0, description="Byzantine rows tolerated (neither f nor fraction: 1)")] = None
-    fraction: Annotated[
-        float | None, Field(ge=0, lt=0.5, description="f = floor(fraction * n) of the n admissible rows")
-    ] = None
-
-    def __post_init__(self) -> None:
-        check_one_budget(self.name, self.f, self.fraction)
-
-    def budget(self, n: int) -> int:
-        """The ``f`` used with ``n`` rows."""
-        return budget_of(self.f, self.fraction, n)
 
     def check(self, n: int) -> None:
         super().check(n)
@@ -257,26 +236,14 @@ class _Budgeted(PreAggregator):
         if not 2 * f < n:
             raise ValueError(f"{self.name}: needs 2*f < n, got f={f}, n={n}")
 
-    def _budget(self, count: Tensor) -> Tensor:
+    def shrunk_budgets(self, count: Tensor) -> Tensor:
         """Per-problem ``f`` for ``count`` admissible rows: at most ``(count - 1) // 2``."""
-        return budgets_of(self.f, self.fraction, count, (count - 1) // 2)
-
-
-def _wide_squared_distances(values: Tensor) -> Tensor:
-    """Squared distances ``[..., N, N]`` kept in float64 for narrower rows (their
-    float64 Gram matrix, not rounded back), so that neighbour ranks are those of the
-    exact distances to float64 rounding."""
-    if values.dtype == torch.float64:
-        return squared_distances(values)
-    wide = values.double()
-    gram = wide @ wide.transpose(-1, -2)
-    norms = torch.diagonal(gram, dim1=-2, dim2=-1)
-    return (norms.unsqueeze(-1) + norms.unsqueeze(-2) - 2 * gram).clamp_min(0)
+        return self.budgets(count, (count - 1) // 2)
 
 
 @register
 @pre_aggregator_options
-class NearestNeighbourMixing(_Budgeted):
+class NearestNeighbourMixing(BudgetedPreAggregator):
     """Nearest-neighbour mixing, NNM (Allouah, Farhadkhani, Guerraoui, Gupta, Pinot,
     Stephan 2023, "Fixing by mixing: a recipe for optimal Byzantine ML under
     heterogeneity", AISTATS, Alg. 1): each row is replaced by the mean of its ``n - f``
@@ -295,8 +262,8 @@ class NearestNeighbourMixing(_Budgeted):
     def pre_aggregate_rows(self, rows: Rows, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         values, admissible, count = rows
         n = values.shape[-2]
-        k = count - self._budget(count)  # neighbours per row, >= 1 where count >= 1
-        squared = _wide_squared_distances(values)
+        k = count - self.shrunk_budgets(count)  # neighbours per row, >= 1 where count >= 1
+        squared = wide_squared_distances(values)
         big = torch.finfo(squared.dtype).max  # an overflowing distance: far, but admissible
         squared = torch.nan_to_num(squared, nan=big, posinf=big)
         squared = squared.masked_fill(torch.eye(n, dtype=torch.bool, device=values.device), 0.0)
@@ -350,12 +317,12 @@ class StaticClipping(PreAggregator):
     tau: Annotated[float, Field(gt=0, description="clipping radius")] = 2.0
 
     def pre_aggregate_rows(self, rows: Rows, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return _scaled(rows, self.tau), rows.admissible
+        return scaled_to(rows, self.tau), rows.admissible
 
 
 @register
 @pre_aggregator_options
-class AdaptiveRobustClipping(_Budgeted):
+class AdaptiveRobustClipping(BudgetedPreAggregator):
     """Adaptive robust clipping, ARC (Allouah, Guerraoui, Gupta, Jellouli, Rizk, Stephan
     2024, "Boosting robustness by clipping gradients in distributed learning", first
     titled "The vital role of gradient clipping in Byzantine-resilient distributed
@@ -377,10 +344,10 @@ class AdaptiveRobustClipping(_Budgeted):
         values, admissible, count = rows
         if values.shape[-2] == 0:
             return values, admissible
-        f = self._budget(count)
+        f = self.shrunk_budgets(count)
         k = (2 * f * (count - f)) // count.clamp_min(1)  # < count where count >= 1
         norms = row_norms(values)
         descending = torch.where(admissible, norms, torch.full_like(norms, -math.inf)).sort(-1, descending=True).values
         bound = descending.gather(-1, k.clamp_max(values.shape[-2] - 1).unsqueeze(-1)).squeeze(-1)
         bound = torch.where(count > 0, bound, torch.zeros_like(bound))
-        return _scaled(rows, bound), admissible
+        return scaled_to(rows, bound), admissible

@@ -3,7 +3,7 @@ SignGuard and FLAME, batched over leading problem dimensions ``[..., N, d]``.
 
 Each one first *selects* rows (by repeated Krum, by spectral outlier scores, by
 clustering of directions or of sign statistics) and then averages what it kept,
-possibly clipped.  They follow the contract of :mod:`defenses.robust_aggregators`
+possibly clipped.  They follow the contract of :mod:`defenses.aggregators`
 (see its module docstring): inadmissible rows (NaN, Inf, overflowing norm) are
 absent, the output is finite wherever a problem has an admissible row, and the
 variable number of admissible rows per problem is handled with masks.
@@ -22,7 +22,7 @@ fresh generator seeded 0 (deterministic, but predictable by an attacker; the
 Global algorithm always passes its own seeded stream).
 
 Importing this module registers the aggregators in
-:data:`defenses.robust_aggregators.AGGREGATORS` as ``bulyan``, ``dnc``,
+:data:`defenses.aggregators.AGGREGATORS` as ``bulyan``, ``dnc``,
 ``clipped_clustering``, ``signguard`` and ``flame``.
 """
 
@@ -35,71 +35,31 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from defenses.robust_aggregators import (
-    Aggregator,
+from defenses.aggregators.base import Aggregator, BudgetedAggregator, aggregator_options, register
+from defenses.aggregators.statistics import clipped_mean, stream_or_default
+from robust_pfl.engine.rows import (
     Rows,
-    _ByzantineBudget,
-    _masked_mean,
-    aggregator_options,
-    coordinate_median,
+    absent_pairs,
+    agglomerate,
+    cosine_distances,
+    largest_cluster,
+    masked_mean,
+    masked_median,
     mean_nearest_median,
-    register,
     row_norms,
     squared_distances,
 )
-from robust_pfl.engine.linkage import absent_pairs, agglomerate, largest_cluster
-
-F64 = torch.float64
 
 
-# -- shared helpers ----------------------------------------------------------------------------
-def _stream(generator: torch.Generator | None) -> torch.Generator:
-    """``generator``, or a fresh one seeded 0 where none is given."""
-    return generator if generator is not None else torch.Generator().manual_seed(0)
-
-
-def _masked_median(values: Tensor, mask: Tensor) -> Tensor:
-    """Statistical median (mean of the two middle values for even counts) of
-    ``values[..., N]`` over ``mask``; 0 where the mask is empty."""
-    rows = Rows(values.unsqueeze(-1), mask, mask.sum(-1))
-    return coordinate_median(rows).squeeze(-1)
-
-
-def _clip_scale(norms: Tensor, bound: Tensor) -> Tensor:
-    """``min(1, bound / ||x||)`` per row (1 for a zero row), ``norms[..., N]``,
-    ``bound[...]``."""
-    bound = bound.unsqueeze(-1)
-    return torch.where(norms > bound, bound / torch.where(norms > 0, norms, torch.ones_like(norms)),
-                       torch.ones_like(norms))
-
-
-def _clipped_mean(values: Tensor, norms: Tensor, bound: Tensor, chosen: Tensor) -> Tensor:
-    """Mean over ``chosen`` rows of ``values`` clipped to norm ``bound`` (per problem)."""
-    scale = torch.where(chosen, _clip_scale(norms, bound), torch.zeros_like(norms))
-    total = (scale.to(values.dtype).unsqueeze(-2) @ values).squeeze(-2)
-    return total / chosen.sum(-1).clamp_min(1).to(values.dtype).unsqueeze(-1)
-
-
-def cosine_distances(rows: Rows) -> Tensor:
-    """``[..., N, N]`` cosine distances ``1 - <x_i, x_j> / (||x_i|| ||x_j||)`` in
-    float64 (in ``[0, 2]``); a zero row has cosine 0 (distance 1) with every row.
-    Entries involving inadmissible rows are meaningless (callers mask them)."""
-    wide = rows.values.to(F64)  # admissible rows have finite squared norms: no overflow in float64
-    norms = torch.linalg.vector_norm(wide, dim=-1, keepdim=True)
-    unit = wide / torch.where(norms > 0, norms, torch.ones_like(norms))
-    return 1.0 - (unit @ unit.transpose(-1, -2)).clamp(-1.0, 1.0)
-
-
-# -- Bulyan ------------------------------------------------------------------------------------
 @register
 @aggregator_options
-class Bulyan(_ByzantineBudget):
+class Bulyan(BudgetedAggregator):
     """Bulyan (El Mhamdi, Guerraoui, Rouault 2018, "The hidden vulnerability of
     distributed learning in Byzantium", Sec. 4, Bulyan over Krum).
 
     1. *Selection*: ``theta = n - 2f`` times, apply Krum to the rows not yet selected
        (``n'`` of them; score = sum of squared distances to the ``n' - f - 2`` nearest
-       other remaining rows, as :func:`~defenses.robust_aggregators.krum_scores`) and
+       other remaining rows, as :func:`~defenses.aggregators.krum_scores`) and
        move the lowest-scoring row (ties: lowest index) to the selection set.
     2. *Aggregation*: per coordinate, average the ``beta = theta - 2f`` selected values
        closest to the selection's coordinate-wise median (statistical median; they
@@ -108,7 +68,7 @@ class Bulyan(_ByzantineBudget):
     Requires ``n >= 4f + 3``; with fewer admissible rows ``f`` shrinks to
     ``(n - 3) // 4``.  ``f = 0`` gives the mean.  The ``theta`` selections are a loop
     over steps, each batched over problems; pairwise distances are computed once
-    (:func:`~defenses.robust_aggregators.squared_distances`).
+    (:func:`~defenses.aggregators.squared_distances`).
     """
 
     name = "bulyan"
@@ -124,7 +84,7 @@ class Bulyan(_ByzantineBudget):
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, count = rows
         n = values.shape[-2]
-        f = self._budget(count, (count - 3).div(4, rounding_mode="floor"))
+        f = self.budgets(count, (count - 3).div(4, rounding_mode="floor"))
         theta = count - 2 * f
         beta = theta - 2 * f
         squared = squared_distances(values).to(F64)
@@ -147,10 +107,9 @@ class Bulyan(_ByzantineBudget):
         return mean_nearest_median(Rows(values, selected, theta), beta)
 
 
-# -- DnC ---------------------------------------------------------------------------------------
 @register
 @aggregator_options
-class DnC(_ByzantineBudget):
+class DnC(BudgetedAggregator):
     """Divide and conquer, DnC (Shejwalkar & Houmansadr 2021, NDSS, "Manipulating the
     Byzantine: optimizing model poisoning attacks and defenses for federated
     learning", Alg. 2).  For each of ``niters`` rounds:
@@ -190,15 +149,15 @@ class DnC(_ByzantineBudget):
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, count = rows
         d = values.shape[-1]
-        f = self._budget(count, count)
+        f = self.budgets(count, count)
         removed = torch.minimum((f.to(F64) * self.c).floor().to(count.dtype), (count - 1).clamp_min(0))
         keep = count - removed
-        stream = _stream(generator)
+        stream = stream_or_default(generator)
         times_kept = torch.zeros(admissible.shape, dtype=torch.int64, device=values.device)
         for _ in range(self.niters):
             chosen = torch.randperm(d, generator=stream, device=stream.device)[: self.b].to(values.device)
             sub = values.index_select(-1, chosen).to(F64)
-            mu = _masked_mean(sub, admissible)
+            mu = masked_mean(sub, admissible)
             centred = torch.where(admissible.unsqueeze(-1), sub - mu.unsqueeze(-2), torch.zeros_like(sub))
             gram = centred @ centred.transpose(-1, -2)
             eigenvalues, eigenvectors = torch.linalg.eigh(gram)
@@ -208,10 +167,9 @@ class DnC(_ByzantineBudget):
             times_kept = times_kept + ((rank < keep.unsqueeze(-1)) & admissible).to(torch.int64)
         times_kept = torch.where(admissible, times_kept, torch.full_like(times_kept, -1))
         good = (times_kept == times_kept.amax(-1, keepdim=True)) & admissible
-        return _masked_mean(values, good)
+        return masked_mean(values, good)
 
 
-# -- ClippedClustering -------------------------------------------------------------------------
 @register
 @aggregator_options
 class ClippedClustering(Aggregator):
@@ -240,15 +198,14 @@ class ClippedClustering(Aggregator):
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, _ = rows
         norms = row_norms(values)
-        bound = _masked_median(norms, admissible)
+        bound = masked_median(norms, admissible)
         if self.max_tau is not None:
             bound = bound.clamp_max(self.max_tau)
         labels, sizes = agglomerate(cosine_distances(rows), admissible, "average", clusters=2)
         chosen = largest_cluster(labels, sizes) & admissible
-        return _clipped_mean(values, norms, bound, chosen)
+        return clipped_mean(values, norms, bound, chosen)
 
 
-# -- SignGuard ---------------------------------------------------------------------------------
 def two_means(features: Tensor, present: Tensor, iterations: int = 20) -> Tensor:
     """Batched 2-means of ``features[..., N, k]`` over the ``present`` rows; returns the
     ``[..., N]`` mask of the larger cluster (ties: the first one).
@@ -277,8 +234,8 @@ def two_means(features: Tensor, present: Tensor, iterations: int = 20) -> Tensor
             break
         in_b = new_b
         in_a = present & ~in_b
-        centre_a = torch.where(in_a.any(-1)[..., None, None], _masked_mean(x, in_a).unsqueeze(-2), centre_a)
-        centre_b = torch.where(in_b.any(-1)[..., None, None], _masked_mean(x, in_b).unsqueeze(-2), centre_b)
+        centre_a = torch.where(in_a.any(-1)[..., None, None], masked_mean(x, in_a).unsqueeze(-2), centre_a)
+        centre_b = torch.where(in_b.any(-1)[..., None, None], masked_mean(x, in_b).unsqueeze(-2), centre_b)
     in_a = present & ~in_b
     a_larger = (in_a.sum(-1) >= in_b.sum(-1)).unsqueeze(-1)
     return torch.where(a_larger, in_a, in_b)
@@ -324,23 +281,22 @@ class SignGuard(Aggregator):
     def block(self, d: int, generator: torch.Generator | None) -> tuple[int, int]:
         """``(start, size)`` of the sign block for dimension ``d``."""
         size = min(d, max(1, math.floor(self.sparsity * d)))
-        stream = _stream(generator)
+        stream = stream_or_default(generator)
         start = int(torch.randint(0, d - size + 1, (1,), generator=stream, device=stream.device)) if d else 0
         return start, size
 
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, _ = rows
         norms = row_norms(values)
-        median = _masked_median(norms, admissible).unsqueeze(-1)
+        median = masked_median(norms, admissible).unsqueeze(-1)
         s1 = admissible & (norms >= self.lower * median) & (norms <= self.upper * median)
         start, size = self.block(values.shape[-1], generator)
         s2 = two_means(sign_features(values, start, size), admissible)
         chosen = s1 & s2
         chosen = torch.where(chosen.any(-1, keepdim=True), chosen, s2)
-        return _clipped_mean(values, norms, median.squeeze(-1), chosen)
+        return clipped_mean(values, norms, median.squeeze(-1), chosen)
 
 
-# -- FLAME -------------------------------------------------------------------------------------
 @register
 @aggregator_options
 class Flame(Aggregator):
@@ -371,14 +327,17 @@ class Flame(Aggregator):
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         values, admissible, count = rows
         norms = row_norms(values)
-        bound = _masked_median(norms, admissible)
+        bound = masked_median(norms, admissible)
         need = count.div(2, rounding_mode="floor") + 1
         labels, sizes = agglomerate(cosine_distances(rows), admissible, "single", need=need)
         chosen = largest_cluster(labels, sizes) & admissible
-        out = _clipped_mean(values, norms, bound, chosen)
+        out = clipped_mean(values, norms, bound, chosen)
         if self.lam > 0:
-            stream = _stream(generator)
+            stream = stream_or_default(generator)
             # one draw of d for every problem, so a batched block aggregates as it does alone
             noise = torch.randn(out.shape[-1], generator=stream, dtype=F64, device=stream.device).to(out.device)
             out = out + (noise * (self.lam * bound.to(F64)).unsqueeze(-1)).to(out.dtype)
         return out
+
+
+F64 = torch.float64

@@ -1,6 +1,6 @@
 """Batched agglomerative clustering on precomputed distance matrices, shared by the
 defenses that cluster their senders (ClippedClustering, FLAME in
-:mod:`defenses.filtering_aggregators`) and the attacks built against them
+:mod:`defenses.aggregators`) and the attacks built against them
 (:mod:`attacks.defense_aware`), which may not import :mod:`defenses`: one copy of the
 rule, so an attack's prediction of the defense's clusters cannot drift from it."""
 
