@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import defenses.aggregators as byzfl  # registers the five rules
+import defenses.aggregators.subset_search as subset_search
 from defenses.aggregators import CovarianceBoundAgnosticFilter, Meamed, MinimumDiameterAveraging, MoNNA, SmallestMaximumEigenvalueAveraging
 from defenses.conformance import check_aggregator
 from defenses.aggregators import AGGREGATORS, describe, make_aggregator
@@ -229,7 +229,7 @@ def test_subset_search_keeps_the_first_tie_across_chunks(monkeypatch):
     x = torch.tensor([[0.0], [1.0], [2.0], [3.0], [4.0], [5.0]], dtype=F64)  # every 4-window has diameter 3
     batched = torch.stack([x, x.flip(0), x + 1])
     whole = [MinimumDiameterAveraging(f=2)(batched), SmallestMaximumEigenvalueAveraging(f=2)(batched)]
-    monkeypatch.setattr(byzfl, "_CHUNK_ELEMENTS", 1)
+    monkeypatch.setattr(subset_search, "_CHUNK_ELEMENTS", 1)
     chunked = [MinimumDiameterAveraging(f=2)(batched), SmallestMaximumEigenvalueAveraging(f=2)(batched)]
     for one, other in zip(whole, chunked):
         assert torch.equal(one, other)

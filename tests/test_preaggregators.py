@@ -340,10 +340,12 @@ def test_chains_are_frozen_comparable_and_picklable():
     agg = make_aggregator(spec)
     assert agg == make_aggregator(spec) and hash(agg) == hash(make_aggregator(spec))
     assert pickle.loads(pickle.dumps(agg)) == agg
-    assert agg == PreAggregated(inner="krum", pre=["nnm", {"name": "clipping", "tau": 1.0}])
+    assert agg == PreAggregated(inner=make_aggregator("krum"), pre=["nnm", {"name": "clipping", "tau": 1.0}])
+    with pytest.raises(ValueError, match="pre_aggregated.inner must be an Aggregator"):
+        PreAggregated(inner="krum", pre=["nnm"])  # specs are built by make_aggregator, not here
     with pytest.raises(dataclasses.FrozenInstanceError):
         agg.inner = None
-    assert GlobalParams(aggregator=spec).aggregator == spec
+    assert GlobalParams(aggregator=spec).aggregator == agg
 
 
 def test_registry_and_descriptions():

@@ -47,7 +47,6 @@ from defenses.aggregators.preaggregation import (
     make_pre_aggregators,
     pre_aggregated,
 )
-from defenses.aggregators.preaggregation import describe as describe_pre_aggregator
 from defenses.aggregators.statistics import bucket_means, krum_scores, scaled_rows
 from defenses.aggregators.subset_search import (
     MAX_SUBSETS,
@@ -63,6 +62,6 @@ __all__ = [
     "make_aggregator", "Bulyan", "ClippedClustering", "DnC", "Flame", "SignGuard", "sign_features", "two_means",
     "PRE_AGGREGATORS", "AdaptiveRobustClipping", "BucketMeans", "BudgetedPreAggregator", "NearestNeighbourMixing",
     "PreAggregated", "PreAggregator", "StaticClipping", "make_pre_aggregator", "make_pre_aggregators",
-    "pre_aggregated", "describe_pre_aggregator", "bucket_means", "krum_scores", "scaled_rows",
+    "pre_aggregated", "bucket_means", "krum_scores", "scaled_rows",
     "MAX_SUBSETS", "MinimumDiameterAveraging", "SmallestMaximumEigenvalueAveraging", "Rows",
 ]

@@ -131,9 +131,10 @@ aggregator_options = options("aggregator")
 AggregatorSpec = Union[str, Mapping[str, Any], Aggregator]
 
 
-def describe(cls: type[Aggregator]) -> dict[str, Any]:
+def describe(cls: type) -> dict[str, Any]:
     """``{"name", "summary", "reference", "parameters": {field: default},
-    "descriptions": {field: one line}}`` for a CLI listing of :data:`AGGREGATORS`."""
+    "descriptions": {field: one line}}`` of an aggregator or pre-aggregator class, for
+    a CLI listing."""
     return {
         "name": cls.name,
         "summary": cls.summary,

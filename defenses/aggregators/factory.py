@@ -4,11 +4,9 @@ a table with ``name`` and options, and a ``pre`` list of pre-aggregators in fron
 
 from __future__ import annotations
 
-from typing import Mapping
-
 from defenses.aggregators.base import AGGREGATORS, Aggregator, AggregatorSpec
 from defenses.aggregators.preaggregation import pre_aggregated
-from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters
+from robust_pfl.engine.registry import check_options, init_parameters, named_spec
 
 
 def make_aggregator(spec: AggregatorSpec) -> Aggregator:
@@ -19,22 +17,9 @@ def make_aggregator(spec: AggregatorSpec) -> Aggregator:
     ``{"name": "krum", "pre": ["nnm"]}`` is Krum applied after NNM."""
     if isinstance(spec, Aggregator):
         return spec
-    if isinstance(spec, str):
-        name, options = spec, {}
-    elif isinstance(spec, Mapping):
-        options = dict(spec)
-        name = options.pop("name", None)
-        if "pre" in options:
-            pre = options.pop("pre")
-            inner = make_aggregator({**options, "name": name})
-            return pre_aggregated(inner, pre, where=f"{name}.pre")
-    else:
-        raise ValueError(
-            f"aggregator must be a name or a mapping with 'name', got {spec!r}; "
-            f"names: {sorted(AGGREGATORS)}"
-        )
-    if not isinstance(name, str) or name not in AGGREGATORS:
-        hint = did_you_mean(name, AGGREGATORS) if isinstance(name, str) else ""
-        raise ValueError(f"aggregator.name must be one of {sorted(AGGREGATORS)}, got {name!r}{hint}")
+    name, options = named_spec(spec, AGGREGATORS, "aggregator")
+    if "pre" in options:
+        pre = options.pop("pre")
+        return pre_aggregated(make_aggregator({**options, "name": name}), pre, where=f"{name}.pre")
     check_options(name, f"aggregator {name!r}", options, init_parameters(AGGREGATORS[name]))
     return AGGREGATORS[name](**options)

@@ -43,9 +43,9 @@ from torch import Tensor
 
 from defenses.aggregators.base import Aggregator, aggregator_options
 from defenses.aggregators.statistics import bucket_means
-from robust_pfl.engine.registry import check_options, did_you_mean, init_parameters, registrar
+from robust_pfl.engine.registry import check_options, init_parameters, named_spec, registrar
 from robust_pfl.engine.rows import ByzantineBudget, Rows, admissible_points, per_problem, row_norms, wide_squared_distances
-from robust_pfl.engine.validation import descriptions, options
+from robust_pfl.engine.validation import options
 
 
 def settled(values: Tensor, admissible: Tensor) -> Rows:
@@ -128,16 +128,7 @@ def make_pre_aggregator(spec: PreAggregatorSpec, where: str = "pre") -> PreAggre
     instance (returned as is); a bad one raises ``ValueError`` naming ``where``."""
     if isinstance(spec, PreAggregator):
         return spec
-    if isinstance(spec, str):
-        name, chosen = spec, {}
-    elif isinstance(spec, Mapping):
-        chosen = dict(spec)
-        name = chosen.pop("name", None)
-    else:
-        raise ValueError(f"{where} must be a name or a mapping with 'name', got {spec!r}; names: {sorted(PRE_AGGREGATORS)}")
-    if not isinstance(name, str) or name not in PRE_AGGREGATORS:
-        hint = did_you_mean(name, PRE_AGGREGATORS) if isinstance(name, str) else ""
-        raise ValueError(f"{where}.name must be one of {sorted(PRE_AGGREGATORS)}, got {name!r}{hint}")
+    name, chosen = named_spec(spec, PRE_AGGREGATORS, where)
     cls = PRE_AGGREGATORS[name]
     try:
         check_options(name, f"pre-aggregator {name!r}", chosen, init_parameters(cls))
@@ -154,18 +145,6 @@ def make_pre_aggregators(specs: Any, where: str = "pre") -> tuple[PreAggregator,
             f"names: {sorted(PRE_AGGREGATORS)}"
         )
     return tuple(make_pre_aggregator(spec, f"{where}[{i}]") for i, spec in enumerate(specs))
-
-
-def describe(cls: type[PreAggregator]) -> dict[str, Any]:
-    """``{"name", "summary", "reference", "parameters", "descriptions"}`` of a
-    pre-aggregator class, as :func:`defenses.aggregators.describe`."""
-    return {
-        "name": cls.name,
-        "summary": cls.summary,
-        "reference": cls.reference,
-        "parameters": init_parameters(cls),
-        "descriptions": descriptions(cls),
-    }
 
 
 @aggregator_options

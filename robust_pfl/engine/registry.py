@@ -106,3 +106,20 @@ def options_problem(where: str, owner: str, options: Iterable[str], parameters: 
     else:
         problem = f"{where}: the required field {missing[0]!r} is missing"
     return f"{problem}; {owner} accepts the fields: {listed or 'none'}"
+
+
+def named_spec(spec: Any, registry: Mapping[str, Any], where: str) -> tuple[str, dict[str, Any]]:
+    """``(name, options)`` of a config's spec of a registered thing: a name, or a
+    mapping with ``name`` and options.  Anything else, or a name ``registry`` lacks,
+    raises ``ValueError`` naming ``where`` and the allowed names."""
+    if isinstance(spec, str):
+        name, options = spec, {}
+    elif isinstance(spec, Mapping):
+        options = dict(spec)
+        name = options.pop("name", None)
+    else:
+        raise ValueError(f"{where} must be a name or a mapping with 'name', got {spec!r}; names: {sorted(registry)}")
+    if not isinstance(name, str) or name not in registry:
+        hint = did_you_mean(name, registry) if isinstance(name, str) else ""
+        raise ValueError(f"{where}.name must be one of {sorted(registry)}, got {name!r}{hint}")
+    return name, options
