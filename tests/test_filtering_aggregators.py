@@ -22,7 +22,8 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
-import defenses.aggregators as fa  # registers the aggregators
+import defenses.aggregators  # noqa: F401  registers the aggregators
+from robust_pfl.engine.rows import agglomerate
 from defenses.conformance import check_aggregator
 from defenses.aggregators import AGGREGATORS, make_aggregator
 
@@ -264,7 +265,7 @@ def test_agglomerate_average_linkage_matches_scipy_partition():
     distance = (distance + distance.transpose(-1, -2)) / 2
     present = torch.ones(2, 9, dtype=torch.bool)
     present[1, [2, 5]] = False
-    labels, _ = fa.agglomerate(distance, present, "average", clusters=3)
+    labels, _ = agglomerate(distance, present, "average", clusters=3)
     for p in range(2):
         idx = present[p].nonzero().squeeze(-1)
         sub = distance[p][idx][:, idx].numpy().copy()
