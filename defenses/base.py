@@ -2,7 +2,7 @@
 
 The machinery algorithms build on lives apart: the optimiser step in
 :mod:`defenses.optimiser`, reused round memory in :mod:`defenses.round_buffers`, the
-row-level primitives in :mod:`defenses.primitives`.
+row statistics in :mod:`robust_pfl.engine.rows` (shared with the attacks).
 
 An algorithm is constructed from a :class:`~robust_pfl.engine.federation.Federation` and its
 validated parameters (a pydantic model, so a bad value fails at config-load time with

@@ -249,7 +249,7 @@ def _negligible(squared_norms: Tensor, reach: Tensor, dtype: torch.dtype) -> Ten
 
 def _squared_lengths(rows: Tensor) -> Tensor:
     """``||row||^2`` over the last axis.  ``vector_norm`` reads strided rows (a block
-    of a larger ``[B, N, d]``) in place, where :func:`defenses.row_reads.rowdot`'s
+    of a larger ``[B, N, d]``) in place, where :func:`robust_pfl.engine.rows.rowdot`'s
     reshape copies such rows first, at many times the cost (benchmarks/README.md,
     "Kernel choices").  Relative error 2e-5 on 1e6-sized rows."""
     return torch.linalg.vector_norm(rows, dim=-1).square()
