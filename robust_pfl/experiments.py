@@ -576,7 +576,7 @@ def run_table(
                 remove_checkpoint(checkpoints / checkpoint_name(method.display, seed))
     table = ResultTable()
     total = config.rounds * len(config.methods) * len(config.seeds)
-    with deterministic_kernels_within(config.device), progress_bar(total, "robust-pfl run", progress) as bar:
+    with deterministic_kernels_within(built(config).device), progress_bar(total, "robust-pfl run", progress) as bar:
         for seed in config.seeds:
             task = build_task(config, seed)
             for method in config.methods:

@@ -39,7 +39,7 @@ def deterministic_kernels(device: torch.device | str) -> None:
     instead of failing a long run (the package uses none: the ``cuda`` tests fail on
     such a warning); and cuDNN's TF32 convolutions off, so a CNN's float32 results
     differ across devices by the order of sums alone."""
-    if resolve_device(str(device)).type != "cpu":
+    if (device if isinstance(device, torch.device) else resolve_device(device)).type != "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
         # no code here reads memory it did not write, so the NaN fill of every fresh
         # tensor that the flag adds would only cost a pass over it
