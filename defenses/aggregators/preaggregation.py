@@ -42,7 +42,7 @@ from pydantic import Field, field_validator
 from torch import Tensor
 
 from defenses.aggregators.base import Aggregator, aggregator_options
-from defenses.aggregators.statistics import bucket_means
+from defenses.aggregators.statistics import bucket_means, checked_budget
 from robust_pfl.engine.registry import check_options, init_parameters, named_spec, registrar
 from robust_pfl.engine.rows import ByzantineBudget, Rows, admissible_points, per_problem, row_norms, wide_squared_distances
 from robust_pfl.engine.validation import options
@@ -211,9 +211,7 @@ class BudgetedPreAggregator(ByzantineBudget, PreAggregator):
 
     def check(self, n: int) -> None:
         super().check(n)
-        f = self.budget(n)
-        if not 2 * f < n:
-            raise ValueError(f"{self.name}: needs 2*f < n, got f={f}, n={n}")
+        checked_budget(self, n)
 
     def shrunk_budgets(self, count: Tensor) -> Tensor:
         """Per-problem ``f`` for ``count`` admissible rows: at most ``(count - 1) // 2``."""

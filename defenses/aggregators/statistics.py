@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from defenses.aggregators.base import BudgetedAggregator
-from robust_pfl.engine.rows import Rows, per_problem, row_norms, squared_distances
+from robust_pfl.engine.rows import ByzantineBudget, Rows, per_problem, row_norms, squared_distances
 
 
 def scaled_rows(rows: Rows) -> Tensor:
@@ -25,8 +25,9 @@ def scaled_rows(rows: Rows) -> Tensor:
     return torch.ldexp(wide, (-exponent)[..., None, None].to(wide.dtype))
 
 
-def checked_budget(agg: BudgetedAggregator, n: int) -> int:
-    """``f`` for ``n`` rows after the ``2f < n`` check shared by every rule here."""
+def checked_budget(agg: ByzantineBudget, n: int) -> int:
+    """``f`` for ``n`` rows after the ``2f < n`` check (the papers' ``f < n/2``) of the
+    rules and pre-aggregators that need it."""
     f = agg.budget(n)
     if not 2 * f < n:
         raise ValueError(f"{agg.name}: needs 2*f < n, got f={f}, n={n}")
