@@ -12,7 +12,7 @@ import re
 import tomllib
 from copy import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence, Union, get_args
+from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -219,6 +219,14 @@ class ExperimentConfig(_Strict):
     #: What validation built from this config, carried to every run of it (the attack,
     #: each method's parameters, the device): :func:`robust_pfl.experiments.built`.
     _built: Any = PrivateAttr(None)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ExperimentConfig":
+        """A copy; with ``update`` it forgets what validation built, which belongs to the
+        fields validation saw."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._built = None
+        return copied
 
     @field_validator("seeds")
     @classmethod

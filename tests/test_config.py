@@ -12,7 +12,7 @@ import torch
 
 import defenses
 import attacks
-from robust_pfl.config import ConfigError, ExperimentConfig, load_config
+from robust_pfl.config import ConfigError, ExperimentConfig, load_config, parse_config
 from robust_pfl.experiments import validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -251,3 +251,18 @@ def test_wrongly_typed_aggregator_and_attack_options_are_config_errors(tmp_path,
         load_and_validate(write(tmp_path, text))
     for word in words:
         assert word in str(info.value), (word, str(info.value))
+
+
+def test_validation_builds_the_attack_once_and_a_changed_copy_builds_its_own():
+    """What validation built (``experiments.built``) is reused by every run of the same
+    config object, and a copy with other fields never reuses it."""
+    from robust_pfl.config import AttackConfig
+    from robust_pfl.experiments import built, validate
+
+    config = validate(parse_config({"attack": {"name": "large_gradient"}, "byzantine": {"total": 1},
+                                    "methods": [{"name": "global", "aggregator": "median"}]}))
+    assert built(config) is built(config)
+    assert type(built(config).attack).__name__ == "LargeGradient"
+    changed = config.model_copy(update={"attack": AttackConfig(name="bit_flip")})
+    assert built(changed).attack.name == "bit_flip"
+    assert built(config).attack.name == "large_gradient"

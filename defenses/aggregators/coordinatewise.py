@@ -3,7 +3,6 @@ Meamed, each per coordinate over the admissible rows."""
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor
 
@@ -56,13 +55,11 @@ class TrimmedMean(BudgetedAggregator):
 
     def check(self, n: int) -> None:
         super().check(n)
-        f = self.budget(n)
-        if not 2 * f < n:
-            raise ValueError(f"{self.name}: needs 2*f < n, got f={f}, n={n}")
+        checked_budget(self, n)
 
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         count = rows.count
-        f = self.budgets(count, (count - 1) // 2)
+        f = problem_budgets(self, rows)
         return mean_of_order_statistics(sorted_columns(rows), count, f, count - f, consume=True)
 
 

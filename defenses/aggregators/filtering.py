@@ -68,7 +68,7 @@ class Bulyan(BudgetedAggregator):
     Requires ``n >= 4f + 3``; with fewer admissible rows ``f`` shrinks to
     ``(n - 3) // 4``.  ``f = 0`` gives the mean.  The ``theta`` selections are a loop
     over steps, each batched over problems; pairwise distances are computed once
-    (:func:`~defenses.aggregators.squared_distances`).
+    (:func:`~robust_pfl.engine.rows.squared_distances`).
     """
 
     name = "bulyan"
