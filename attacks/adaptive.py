@@ -18,8 +18,8 @@ from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import honest_rows, norm, own_rows, unit
-from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
+from robust_pfl.engine.rows import euclidean_distances
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 Direction = Literal["away", "other_centre"]

@@ -32,8 +32,8 @@ from attacks._stats import (
     expand_rows,
     honest_rows,
 )
-from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
+from robust_pfl.engine.rows import euclidean_distances
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 Centre = Literal["mean", "zero"]

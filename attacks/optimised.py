@@ -25,8 +25,8 @@ from pydantic import Field
 from torch import Tensor
 
 from attacks._stats import expand_rows, honest_rows, mean_and_std, unit
-from robust_pfl.engine.rows import euclidean_distances
 from attacks.base import attack_options, register
+from robust_pfl.engine.rows import euclidean_distances
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 Direction = Literal["unit", "std", "sign"]

@@ -4,11 +4,11 @@ The threshold-clustering family of Werner et al. ("Provably Personalized and Rob
 Federated Learning") comes first (Alg. 1-4, and the workshop paper's PFL-TC and
 decentralised PDL-TC), then the clustered-PFL systems of the field (IFCA, HypCluster,
 CFL, CLoVE, CGPFL, FedSPD, Ditto, KNN-Per);
-the classic robust aggregators (median, trimmed mean, Krum, RFA, centered clipping,
-bucketing) live in :mod:`defenses.aggregators` (MDA, MoNNA, Meamed, CAF and SMEA in
-:mod:`defenses.aggregators`; Bulyan, DnC, ClippedClustering, SignGuard and FLAME in
-:mod:`defenses.aggregators`) and plug into ``global``, after
-the pre-aggregators of :mod:`defenses.aggregators` (``pre = ["nnm", ...]``).
+the classic robust aggregators live in :mod:`defenses.aggregators`, by kind
+(coordinate-wise: median, trimmed mean, Meamed; distance-based: Krum, RFA, MoNNA, CAF;
+subset search: MDA, SMEA; centered clipping; bucketing; filtering: Bulyan, DnC,
+ClippedClustering, SignGuard, FLAME), and plug into ``global``, after the
+pre-aggregators of :mod:`defenses.aggregators.preaggregation` (``pre = ["nnm", ...]``).
 """
 
 from defenses.base import REGISTRY, Algorithm, AlgorithmParams, build, register
@@ -22,8 +22,23 @@ from defenses.radius import (
     TheoryRadius,
     make_radius,
 )
-from defenses.aggregators import AGGREGATORS, Aggregator, Bucketing, CenteredClipping, CoordinateMedian, GeometricMedian, Krum, Mean, MultiKrum, TrimmedMean, make_aggregator
-from defenses.aggregators import PRE_AGGREGATORS, PreAggregated, PreAggregator, make_pre_aggregator
+from defenses.aggregators import (
+    AGGREGATORS,
+    PRE_AGGREGATORS,
+    Aggregator,
+    Bucketing,
+    CenteredClipping,
+    CoordinateMedian,
+    GeometricMedian,
+    Krum,
+    Mean,
+    MultiKrum,
+    PreAggregated,
+    PreAggregator,
+    TrimmedMean,
+    make_aggregator,
+    make_pre_aggregator,
+)
 from defenses.aggregators import describe as describe_aggregator
 from defenses.aggregators import register as register_aggregator
 from defenses.aggregators.preaggregation import register as register_pre_aggregator

@@ -14,6 +14,7 @@ from torch import Tensor
 
 from robust_pfl.engine.rows import admissible_points
 
+
 def group_mean(messages: Tensor, groups: Tensor, count: int, include: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Mean of ``messages[N, d]`` within each group id in ``[0, count)``.
 

@@ -22,10 +22,9 @@ import torch
 from scipy.cluster.hierarchy import fcluster, linkage
 from scipy.spatial.distance import pdist
 
-import defenses.aggregators  # noqa: F401  registers the aggregators
-from robust_pfl.engine.rows import agglomerate
-from defenses.conformance import check_aggregator
 from defenses.aggregators import AGGREGATORS, make_aggregator
+from defenses.conformance import check_aggregator
+from robust_pfl.engine.rows import agglomerate
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -42,16 +42,19 @@ from defenses.aggregators.preaggregation import (
     NearestNeighbourMixing,
     PreAggregated,
     PreAggregator,
+    PreAggregatorSpec,
     StaticClipping,
     make_pre_aggregator,
     make_pre_aggregators,
     pre_aggregated,
+    pre_aggregator_options,
 )
 from defenses.aggregators.statistics import bucket_means, krum_scores, scaled_rows
 from defenses.aggregators.subset_search import (
     MAX_SUBSETS,
     MinimumDiameterAveraging,
     SmallestMaximumEigenvalueAveraging,
+    SubsetSearch,
 )
 from robust_pfl.engine.rows import Rows
 
@@ -61,7 +64,7 @@ __all__ = [
     "CovarianceBoundAgnosticFilter", "GeometricMedian", "KrumFamily", "Krum", "MoNNA", "MultiKrum",
     "make_aggregator", "Bulyan", "ClippedClustering", "DnC", "Flame", "SignGuard", "sign_features", "two_means",
     "PRE_AGGREGATORS", "AdaptiveRobustClipping", "BucketMeans", "BudgetedPreAggregator", "NearestNeighbourMixing",
-    "PreAggregated", "PreAggregator", "StaticClipping", "make_pre_aggregator", "make_pre_aggregators",
-    "pre_aggregated", "bucket_means", "krum_scores", "scaled_rows",
-    "MAX_SUBSETS", "MinimumDiameterAveraging", "SmallestMaximumEigenvalueAveraging", "Rows",
+    "PreAggregated", "PreAggregator", "PreAggregatorSpec", "StaticClipping", "make_pre_aggregator",
+    "make_pre_aggregators", "pre_aggregated", "pre_aggregator_options", "bucket_means", "krum_scores", "scaled_rows",
+    "MAX_SUBSETS", "MinimumDiameterAveraging", "SmallestMaximumEigenvalueAveraging", "SubsetSearch", "Rows",
 ]
