@@ -14,7 +14,14 @@ What an attack must do (:class:`robust_pfl.engine.types.AttackBase`):
 * honour what it declares: ``reads_messages = False`` means its rows do not depend on
   the message values, ``reads_own_rows = False`` that they do not depend on the
   Byzantine senders' own rows; ``write_rows`` / ``write_from`` (optional fast paths)
-  write exactly the rows the call returns.
+  write exactly the rows the call returns;
+* a backdoor (a subclass of :class:`~robust_pfl.engine.types.BackdoorAttack`, the only
+  attacks whose trigger hooks the engine calls) declares ``"data"`` in ``needs``, an
+  ``int`` ``target`` that ``check_target`` accepts and rejects as declared, ``[P, H,
+  W]`` bool ``part_masks``, and ``stamp_trigger`` / ``poison_samples`` returning new
+  tensors of the inputs' shapes, seeded, labels only ever kept or set to ``target``;
+  an attack that defines those hooks without subclassing it is refused (the engine
+  would never call them).
 
 Each failed property raises :class:`ConformanceError` naming it.
 """
@@ -22,6 +29,7 @@ Each failed property raises :class:`ConformanceError` naming it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any
 
@@ -30,11 +38,16 @@ from torch import Tensor
 
 from attacks.base import NEED_TAGS, describe, reads_messages
 from robust_pfl.engine.conformance import ConformanceError
-from robust_pfl.engine.types import AttackBase, AttackContext, attack_reads_own_rows
+from robust_pfl.engine.types import AttackBase, AttackContext, BackdoorAttack, attack_reads_own_rows
 
 SENDERS, DIM, STACK = 7, 5, 3
 BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
 BLOCK = torch.tensor([False, False, False, False, False, True, True])  # the Byzantine rows as one block
+#: ``(C, H, W)`` of the images a backdoor's hooks are checked on, and ``B, n``: its
+#: Byzantine clients and their images each.
+IMAGE, CLIENTS, SAMPLES = (3, 28, 28), 3, 10
+#: The hooks that make an attack a backdoor (:class:`BackdoorAttack`).
+BACKDOOR_HOOKS = ("check_target", "part_masks", "poison_samples", "stamp_trigger")
 
 
 def _require(condition: bool, attack: Any, message: str) -> None:
@@ -68,12 +81,17 @@ def check_attack(attack: Any, random: bool | None = None) -> None:
     Raises:
         ConformanceError: the first property that fails, named.
     """
+    if isinstance(attack, type) and inspect.isabstract(attack):
+        raise ConformanceError(f"{attack.__name__}: does not implement the abstract "
+                               f"{', '.join(sorted(attack.__abstractmethods__))}")
     instance = attack() if isinstance(attack, type) else attack
     check_metadata(type(instance))
     check_shapes_and_determinism(instance, random)
     check_hostile_inputs(instance)
     check_declared_reads(instance)
     check_fast_paths(instance)
+    if isinstance(instance, BackdoorAttack):
+        check_backdoor(instance)
 
 
 def check_metadata(cls: type) -> None:
@@ -95,6 +113,10 @@ def check_metadata(cls: type) -> None:
     fields = {item.name for item in dataclasses.fields(cls) if item.init}
     _require(described["name"] == cls.name and set(described["parameters"]) == fields, cls,
              "describe() must list the name and every option")
+    hooks = [hook for hook in BACKDOOR_HOOKS if callable(getattr(cls, hook, None))]
+    _require(issubclass(cls, BackdoorAttack) or len(hooks) < 2, cls,
+             f"defines the backdoor hooks {', '.join(hooks)} but does not subclass BackdoorAttack "
+             "(the engine calls them only on its instances)")
 
 
 def check_shapes_and_determinism(attack: Any, random: bool | None = None) -> None:
@@ -170,3 +192,63 @@ def check_fast_paths(attack: Any) -> None:
         attack.write_from(workspace, workspace[:, 5:], context(byzantine=BLOCK, seed=9))
         _require(identical(workspace[:, 5:], returned) and identical(workspace[:, :5], values[:, :5]), attack,
                  "write_from wrote other rows than the call returns")
+
+
+def check_backdoor(attack: Any) -> None:
+    """A backdoor's hooks (:class:`~robust_pfl.engine.types.BackdoorAttack`), on
+    ``B`` clients' ``n`` images of :data:`IMAGE`, as pixels and normalised: ``"data"`` in
+    ``needs``; an ``int`` ``target >= 0`` that ``check_target`` accepts with ``target + 1``
+    classes and rejects with ``target`` (``ValueError`` naming ``<name>.target``);
+    ``part_masks(H, W)`` ``[P, H, W]`` bool with ``P >= 1``; ``stamp_trigger`` and
+    ``poison_samples`` return new tensors of the inputs' shapes and dtypes without writing
+    into the inputs, the same for the same generator seed, every label either kept or
+    ``target``."""
+    name = attack.name
+    _require("data" in frozenset(attack.needs), attack, "a backdoor poisons training data: needs must hold 'data'")
+    target = getattr(attack, "target", None)
+    _require(isinstance(target, int) and not isinstance(target, bool) and target >= 0, attack,
+             f"a backdoor needs an int target >= 0 (the class triggered images go to), got {target!r}")
+    try:
+        attack.check_target(target + 1)
+    except ValueError as error:
+        raise ConformanceError(f"{type(attack).__name__}: check_target({target + 1}) refused target {target}: "
+                               f"{error}") from error
+    try:
+        attack.check_target(target)
+    except ValueError as error:
+        _require(f"{name}.target" in str(error), attack,
+                 f"check_target's error must name {name}.target, got {str(error)!r}")
+    else:
+        _require(False, attack, f"check_target({target}) accepted target {target}, not one of {target} classes")
+    channels, height, width = IMAGE
+    masks = attack.part_masks(height, width)
+    _require(isinstance(masks, Tensor) and masks.dtype == torch.bool and masks.dim() == 3
+             and masks.shape[0] >= 1 and tuple(masks.shape[1:]) == (height, width), attack,
+             f"part_masks({height}, {width}) must be [P, {height}, {width}] bool with P >= 1, got "
+             f"{tuple(masks.shape) if isinstance(masks, Tensor) else type(masks).__name__}")
+    mean = torch.full((channels, 1, 1), 0.5)
+    std = torch.full((channels, 1, 1), 0.25)
+    pixels = torch.rand(CLIENTS, SAMPLES, *IMAGE, generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(0, target + 2, (CLIENTS, SAMPLES), generator=torch.Generator().manual_seed(1))
+    for stats, inputs in ((None, pixels), ((mean, std), (pixels - mean) / std)):
+        original, original_labels = inputs.clone(), labels.clone()
+        stamped = attack.stamp_trigger(inputs, stats)
+        _require(identical(inputs, original), attack, "stamp_trigger wrote into its inputs")
+        _require(isinstance(stamped, Tensor) and stamped.shape == inputs.shape and stamped.dtype == inputs.dtype
+                 and stamped.data_ptr() != inputs.data_ptr(), attack,
+                 "stamp_trigger must return a new tensor of the inputs' shape and dtype")
+        first = attack.poison_samples(inputs, labels, target + 2, stats, torch.Generator().manual_seed(2))
+        _require(identical(inputs, original) and identical(labels, original_labels), attack,
+                 "poison_samples wrote into its inputs")
+        _require(isinstance(first, tuple) and len(first) == 2, attack, "poison_samples must return (inputs, labels)")
+        images, relabelled = first
+        _require(images.shape == inputs.shape and images.dtype == inputs.dtype and relabelled.shape == labels.shape
+                 and relabelled.dtype == labels.dtype, attack,
+                 "poison_samples must return images and labels of the inputs' shapes and dtypes")
+        _require(images.data_ptr() != inputs.data_ptr() and relabelled.data_ptr() != labels.data_ptr(), attack,
+                 "poison_samples must return new tensors")
+        _require(bool(((relabelled == labels) | (relabelled == target)).all()), attack,
+                 "poison_samples may only keep a label or set it to target")
+        again = attack.poison_samples(inputs, labels, target + 2, stats, torch.Generator().manual_seed(2))
+        _require(identical(images, again[0]) and identical(relabelled, again[1]), attack,
+                 "poison_samples gave other data for the same generator seed")

@@ -16,7 +16,8 @@ An algorithm (a subclass of :class:`defenses.Algorithm`, registered with
 ``defenses.register``) must give ``[N, d]`` models and a record per round, the same
 models for the same seed, leave the federation's data unwritten, keep every honest
 model finite under such rows, and survive a checkpoint: pickled after some rounds and
-restored, it continues bit for bit as the uninterrupted run does.
+restored, it continues bit for bit as the uninterrupted run does.  Its declared flags
+are bools, and ``flower_node_attacks`` comes only with ``flower``.
 
 Each failed property raises :class:`robust_pfl.engine.conformance.ConformanceError` naming it.
 """
@@ -192,6 +193,7 @@ def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = N
     from defenses.base import REGISTRY
 
     cls = REGISTRY[algorithm] if isinstance(algorithm, str) else algorithm
+    check_algorithm_declarations(cls)
     chosen = _options(cls, options)
     check_algorithm_shapes(cls, chosen, rounds)
     check_algorithm_determinism(cls, chosen, rounds)
@@ -199,6 +201,19 @@ def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = N
     for name, attack in _hostile_attacks().items():
         for dtype in (torch.float32, F64):
             check_algorithm_hostile_rows(cls, chosen, name, attack, dtype, rounds)
+
+
+def check_algorithm_declarations(cls: type) -> None:
+    """Its declared flags (:class:`defenses.Algorithm`) are bools, and
+    ``flower_node_attacks`` (a Byzantine node attacks its own reply under Flower) is
+    declared only with ``flower`` (the Flower adapter wraps it)."""
+    for flag in ("forms_clusters", "sends_momenta", "requires_classification", "flower", "flower_node_attacks"):
+        value = getattr(cls, flag, None)
+        if not isinstance(value, bool):
+            raise ConformanceError(f"{cls.__name__}: {flag} must be a bool, got {value!r}")
+    if cls.flower_node_attacks and not cls.flower:
+        raise ConformanceError(f"{cls.__name__}: declares flower_node_attacks without flower "
+                               "(node-side attacks only mean something where the Flower adapter wraps it)")
 
 
 @dataclasses.dataclass(frozen=True)

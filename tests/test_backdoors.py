@@ -51,6 +51,68 @@ def test_registered_and_conformant():
         attacks.check_attack(cls)
 
 
+def test_conformance_checks_the_backdoor_hooks():
+    """``attacks.check_attack`` checks a backdoor's declared hooks (BackdoorAttack):
+    an unimplemented hook, a target check that accepts every class, labels set to
+    another class, and hooks defined outside the contract are all named."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from robust_pfl.engine.conformance import ConformanceError
+    from robust_pfl.engine.types import AttackBase, BackdoorAttack
+
+    @dataclass(frozen=True)
+    class Partial(BackdoorAttack):
+        name: ClassVar[str] = "partial_backdoor"
+        summary: ClassVar[str] = "a backdoor without its hooks"
+        target: int = 0
+
+        def __call__(self, messages, context):
+            return messages[..., context.byzantine, :].clone()
+
+    with pytest.raises(ConformanceError, match="abstract.*poison_samples"):
+        attacks.check_attack(Partial)
+
+    @dataclass(frozen=True)
+    class LaxTarget(BadNets):
+        name: ClassVar[str] = "lax_target"
+
+        def check_target(self, num_classes):
+            pass
+
+    with pytest.raises(ConformanceError, match="accepted target"):
+        attacks.check_attack(LaxTarget)
+
+    @dataclass(frozen=True)
+    class WrongLabels(BadNets):
+        name: ClassVar[str] = "wrong_labels"
+
+        def poison_samples(self, inputs, targets, num_classes, stats, generator):
+            stamped, labels = super().poison_samples(inputs, targets, num_classes, stats, generator)
+            return stamped, labels + 1
+
+    with pytest.raises(ConformanceError, match="keep a label or set it to target"):
+        attacks.check_attack(WrongLabels)
+
+    @dataclass(frozen=True)
+    class Undeclared(AttackBase):
+        name: ClassVar[str] = "undeclared_backdoor"
+        summary: ClassVar[str] = "backdoor hooks outside the contract"
+        needs: ClassVar[frozenset[str]] = frozenset({"data"})
+
+        def stamp_trigger(self, inputs, stats=None):
+            return inputs.clone()
+
+        def poison_samples(self, inputs, targets, num_classes, stats, generator):
+            return inputs.clone(), targets.clone()
+
+        def __call__(self, messages, context):
+            return messages[..., context.byzantine, :].clone()
+
+    with pytest.raises(ConformanceError, match="does not subclass BackdoorAttack"):
+        attacks.check_attack(Undeclared)
+
+
 @pytest.mark.parametrize("cls, options, field", [
     (BadNets, {"size": 0}, "badnets.size"),
     (BadNets, {"value": 1.5}, "badnets.value"),

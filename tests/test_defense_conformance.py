@@ -458,6 +458,18 @@ class _Forgetful(_NaiveMean):
         return RoundRecord(round_index)
 
 
+class _NodeAttacksOnly(_Forgetful):
+    """Declares node-side Flower attacks on a method the Flower adapter does not wrap."""
+
+    name = "node_attacks_only_test"
+    flower_node_attacks = True
+
+
+def test_check_algorithm_names_flower_node_attacks_without_flower():
+    with pytest.raises(defenses.conformance.ConformanceError, match="flower_node_attacks without flower"):
+        defenses.check_algorithm(_NodeAttacksOnly)
+
+
 def test_check_algorithm_names_a_checkpoint_that_does_not_round_trip():
     with pytest.raises(defenses.conformance.ConformanceError, match="checkpoint does not round-trip"):
         defenses.check_algorithm(_Forgetful)

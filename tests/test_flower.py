@@ -80,6 +80,23 @@ def test_bad_flower_config_fails_at_load_naming_the_field(change: Any, field: st
     assert f"{field}:" in str(caught.value)
 
 
+def test_what_flower_wraps_is_read_from_the_algorithms_declarations() -> None:
+    """``supported_methods`` / ``node_attack_methods`` are the registered algorithms
+    declaring ``Algorithm.flower`` / ``flower_node_attacks`` (the 14 and 7 methods the
+    adapter was written for), and a method outside them is refused naming them all."""
+    import defenses
+    from robust_pfl.flower import load_flower_config, node_attack_methods, supported_methods
+
+    assert set(supported_methods()) == {"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto", "ifca",
+                                        "ifca_model_avg", "hypcluster", "cfl", "cgpfl", "clove", "pfl_tc"}
+    assert set(node_attack_methods()) == {"global", "fc", "mc", "myopic", "local", "ground_truth", "ditto"}
+    assert all(defenses.REGISTRY[name].flower for name in node_attack_methods())
+    data = copy.deepcopy(SMALL)
+    data["methods"].append({"name": "knn_per"})
+    with pytest.raises(ConfigError, match=", ".join(supported_methods())):
+        load_flower_config(data)
+
+
 def test_the_quickstart_config_loads() -> None:
     from robust_pfl.flower import load_flower_config
 

@@ -69,6 +69,9 @@ class AttackBase(ABC):
     * ``poison(targets, num_classes)``: a data attack's label poisoning (``None``: none).
     * ``check_reported_models(models)``: a loss-forging attack's check, at load, of
       the number of models a method reports losses on.
+
+    A backdoor (a trigger stamped on training and test images) subclasses
+    :class:`BackdoorAttack`, which declares its hooks.
     """
 
     name: ClassVar[str]
@@ -130,17 +133,24 @@ class BackdoorAttack(AttackBase):
     target: int
 
     @abstractmethod
-    def check_target(self, num_classes: int) -> None: ...
+    def check_target(self, num_classes: int) -> None:
+        """Raise ``ValueError`` naming ``<attack>.target`` unless ``target`` is one of
+        ``num_classes`` classes."""
 
     @abstractmethod
-    def part_masks(self, height: int, width: int) -> Tensor: ...
+    def part_masks(self, height: int, width: int) -> Tensor:
+        """``[P, H, W]`` bool: the trigger part of each Byzantine client (``ValueError``
+        when the trigger does not fit ``height x width`` images)."""
 
     @abstractmethod
     def poison_samples(self, inputs: Tensor, targets: Tensor, num_classes: int,
-                       stats: tuple[Tensor, Tensor] | None, generator: torch.Generator) -> tuple[Tensor, Tensor]: ...
+                       stats: tuple[Tensor, Tensor] | None, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """The Byzantine clients' ``[B, n, C, H, W]`` images and ``[B, n]`` labels after
+        poisoning (new tensors; a label is kept or set to ``target``)."""
 
     @abstractmethod
-    def stamp_trigger(self, inputs: Tensor, stats: tuple[Tensor, Tensor] | None = None) -> Tensor: ...
+    def stamp_trigger(self, inputs: Tensor, stats: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``inputs[..., C, H, W]`` with the full trigger on every image (a new tensor)."""
 
 
 def attack_forges_losses(attack: AttackBase | None) -> bool:
