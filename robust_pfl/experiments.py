@@ -156,9 +156,9 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
     except ValueError as error:
         raise fail("device", str(error)) from None
     config = config if device == config.device else config.model_copy(update={"device": device})
-    config._built = Built(attack, tuple(chosen[i] for i in range(len(config.methods))), torch.device(device))
-    costs.warn_if_long(config, [chosen[i] for i in range(len(config.methods))], client_count(config),
-                       model_dim, samples, source)
+    params = tuple(chosen[i] for i in range(len(config.methods)))
+    config._built = Built(attack, params, torch.device(device))
+    costs.warn_if_long(config, list(params), client_count(config), model_dim, samples, source)
     return config
 
 
