@@ -116,6 +116,17 @@ class Algorithm(ABC):
         return RoundWork(gradients_per_client=1.0, vector_passes=4.0 * clients)
 
     @classmethod
+    def with_run_budgets(
+        cls, params: AlgorithmParams, byzantine: int, clients: int
+    ) -> tuple[AlgorithmParams, list[tuple[str, str]]]:
+        """``params`` with every unset Byzantine budget set to the run's ``byzantine``
+        count (of ``clients`` clients), and ``(field, message)`` for each budget given
+        below it (kept, and warned at load).  A method whose robust rule aggregates
+        subgroups sets each group's budget from the groups' sizes.  Default: no budget,
+        ``params`` unchanged.  Read at config load, before any federation exists."""
+        return params, []
+
+    @classmethod
     def client_count_problems(cls, params: AlgorithmParams, clients: int) -> list[tuple[str, str]]:
         """``(field, message)`` for each option of ``params`` that ``clients`` clients
         cannot serve (FC's ``groups`` past N); none by default.  Read at config load."""

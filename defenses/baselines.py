@@ -90,6 +90,18 @@ class Global(Algorithm):
     Params = GlobalParams
 
     @classmethod
+    def with_run_budgets(
+        cls, params: AlgorithmParams, byzantine: int, clients: int
+    ) -> tuple[AlgorithmParams, list[tuple[str, str]]]:
+        """The aggregator's unset budgets (its own, an inner one's, its pre-aggregators')
+        set to the run's Byzantine count: the server aggregates all ``clients``, of
+        which ``byzantine`` are Byzantine."""
+        if not isinstance(params, GlobalParams):  # a subclass with a rule of its own
+            return params, []
+        shortfalls = params.aggregator.budget_shortfalls(byzantine, clients, "aggregator")
+        return params.model_copy(update={"aggregator": params.aggregator.with_run_budget(byzantine)}), shortfalls
+
+    @classmethod
     def client_count_problems(cls, params: AlgorithmParams, clients: int) -> list[tuple[str, str]]:
         """The aggregator's own refusal of ``clients`` senders (Krum's ``n > 2f + 2``)."""
         if not isinstance(params, GlobalParams):  # a subclass with a rule of its own

@@ -9,6 +9,7 @@ import itertools
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -85,7 +86,8 @@ def method_params(config: ExperimentConfig, method: MethodConfig) -> defenses.Al
     own methods, else (a recipe's candidate setting) built now."""
     if method in config.methods:
         return built(config).params[config.methods.index(method)]
-    return defenses.REGISTRY[method.name].Params(**method.options())
+    cls = defenses.REGISTRY[method.name]
+    return cls.with_run_budgets(cls.Params(**method.options()), byzantine_count(config), client_count(config))[0]
 
 
 def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentConfig:
@@ -114,6 +116,7 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
         if cls.requires_classification and not isinstance(config.task, ImageTaskConfig):
             raise fail(f"{where}.name", f"{method.name!r} needs a classification task (task.name = 'image'), "
                        f"not {config.task.name!r}")
+        chosen[index] = _with_run_budgets(config, cls, chosen[index], where, source)
         if chosen[index].lr > torch.finfo(DTYPES[config.dtype]).max:  # the optimiser's step could not hold it
             raise fail(f"{where}.lr", f"must be a number {config.dtype} holds (<= {torch.finfo(DTYPES[config.dtype]).max:.3g}), "
                        f"got {chosen[index].lr!r}")
@@ -186,9 +189,24 @@ def _model_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError
 
 def client_count(config: ExperimentConfig) -> int:
     """N, honest plus Byzantine, that the config's task will have."""
-    clusters, honest = config.task.clusters, config.task.clients_per_cluster
-    byzantine = config.byzantine.placement().counts(clusters, honest)
-    return clusters * honest + int(byzantine.sum())
+    return config.task.clusters * config.task.clients_per_cluster + byzantine_count(config)
+
+
+def byzantine_count(config: ExperimentConfig) -> int:
+    """How many Byzantine clients the config's task will have."""
+    counts = config.byzantine.placement().counts(config.task.clusters, config.task.clients_per_cluster)
+    return int(counts.sum())
+
+
+def _with_run_budgets(config: ExperimentConfig, cls: type[defenses.Algorithm], params: defenses.AlgorithmParams,
+                      where: str, source: str | None) -> defenses.AlgorithmParams:
+    """``params`` with unset Byzantine budgets set to the run's Byzantine count
+    (:meth:`defenses.Algorithm.with_run_budgets`); each budget given below the count is
+    kept and warned once, naming its field."""
+    params, shortfalls = cls.with_run_budgets(params, byzantine_count(config), client_count(config))
+    for field, message in shortfalls:
+        warnings.warn(f"{source or 'config'}: {where}.{field}: {message}", UserWarning, stacklevel=3)
+    return params
 
 
 def _check_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:

@@ -69,6 +69,17 @@ class Aggregator(ABC):
         rows."""
         return 4.0 * n * d
 
+    def with_run_budget(self, byzantine: int) -> Aggregator:
+        """This aggregator with every unset Byzantine budget (its own, an inner
+        aggregator's, a pre-aggregator's) set to the run's ``byzantine`` count
+        (:mod:`robust_pfl.engine.rows.budget`); an aggregator without one is itself."""
+        return self
+
+    def budget_shortfalls(self, byzantine: int, n: int, where: str) -> list[tuple[str, str]]:
+        """``(field, message)`` for each given budget below the run's ``byzantine``
+        count, with ``n`` senders and the aggregator at ``where``; none by default."""
+        return []
+
     def check(self, n: int) -> None:
         """Raise ``ValueError`` if the aggregator cannot work with ``n`` senders."""
         if n < 1:
@@ -148,5 +159,5 @@ def describe(cls: type) -> dict[str, Any]:
 class BudgetedAggregator(ByzantineBudget, Aggregator):
     """An aggregator parametrised by the number ``f`` of Byzantine senders it tolerates:
     ``f`` itself, or ``fraction`` (``f = floor(fraction * n)`` for the ``n`` admissible
-    rows); neither given means ``f = 1``."""
+    rows); neither given: the run's Byzantine count (``f = 1`` outside a run)."""
 

@@ -51,6 +51,15 @@ class Bucketing(Aggregator):
         except ValueError as error:
             raise ValueError(f"{self.name} (s={self.s}, {math.ceil(n / self.s)} buckets of n={n}): {error}") from None
 
+    def with_run_budget(self, byzantine: int) -> Aggregator:
+        """``inner``'s unset budget set to ``byzantine``: at most that many bucket means
+        hold a Byzantine row."""
+        return Bucketing(inner=self.inner.with_run_budget(byzantine), s=self.s)
+
+    def budget_shortfalls(self, byzantine: int, n: int, where: str) -> list[tuple[str, str]]:
+        """``inner``'s shortfalls over the ``ceil(n / s)`` bucket means."""
+        return self.inner.budget_shortfalls(byzantine, math.ceil(n / self.s), f"{where}.inner")
+
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         means, present = bucket_means(rows, self.s, generator)
         if not bool(present.all()):  # an empty bucket is absent

@@ -86,6 +86,15 @@ class PreAggregator(ABC):
         if n < 1:
             raise ValueError(f"{self.name}: needs at least one row, got n={n}")
 
+    def with_run_budget(self, byzantine: int) -> PreAggregator:
+        """This step with an unset Byzantine budget set to the run's ``byzantine``
+        count (as :meth:`Aggregator.with_run_budget`); a step without one is itself."""
+        return self
+
+    def budget_shortfalls(self, byzantine: int, n: int, where: str) -> list[tuple[str, str]]:
+        """``(field, message)`` for a given budget below the run's count; none by default."""
+        return []
+
     def rows_out(self, n: int) -> int:
         """The number of rows the step returns for ``n``."""
         return n
@@ -188,6 +197,20 @@ class PreAggregated(Aggregator):
         except ValueError as error:
             raise ValueError(f"{self.inner.name} after its pre-aggregation ({rows} rows of n={n}): {error}") from None
 
+    def with_run_budget(self, byzantine: int) -> Aggregator:
+        """Every step's and ``inner``'s unset budget set to ``byzantine``."""
+        steps = tuple(step.with_run_budget(byzantine) for step in self.pre)
+        return PreAggregated(inner=self.inner.with_run_budget(byzantine), pre=steps)
+
+    def budget_shortfalls(self, byzantine: int, n: int, where: str) -> list[tuple[str, str]]:
+        """The steps' shortfalls (``<where>.pre[i]``, with the rows each step sees), then
+        ``inner``'s (``<where>``: the config writes inner's options beside ``pre``)."""
+        out, rows = [], n
+        for i, step in enumerate(self.pre):
+            out += step.budget_shortfalls(byzantine, rows, f"{where}.pre[{i}]")
+            rows = step.rows_out(rows)
+        return out + self.inner.budget_shortfalls(byzantine, rows, where)
+
     def aggregate_rows(self, rows: Rows, previous: Tensor | None, generator: torch.Generator | None) -> Tensor:
         for step in self.pre:
             rows = step.apply(rows, generator)
@@ -206,7 +229,7 @@ def pre_aggregated(inner: Aggregator, pre: Any, where: str = "pre") -> Aggregato
 class BudgetedPreAggregator(ByzantineBudget, PreAggregator):
     """A step parametrised by the number ``f`` of Byzantine rows, as
     ``BudgetedAggregator``: ``f``, or ``fraction`` (``f = floor(fraction * n)`` of the
-    ``n`` admissible rows); neither means ``f = 1``.  Requires ``2f < n``; fewer
+    ``n`` admissible rows); neither: the run's Byzantine count (1 outside a run).  Requires ``2f < n``; fewer
     admissible rows shrink ``f`` to ``(n - 1) // 2``."""
 
     def check(self, n: int) -> None:
