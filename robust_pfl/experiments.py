@@ -23,6 +23,7 @@ from defenses.base import unknown_method
 from robust_pfl import costs
 from robust_pfl.checkpoint import checkpoint_name, fingerprint
 from robust_pfl.engine.pickling import (
+    CheckpointError,
     global_random_state,
     load_checkpoint,
     remove_checkpoint,
@@ -375,6 +376,7 @@ def run_method(
     key = fingerprint(config, method, seed) if every is not None else ""
     if every is not None and Path(checkpoint).exists():
         saved = parts.restore(Path(checkpoint), key)
+        _check_saved_params(saved, method_params(config, method), Path(checkpoint))
         restore_global_random_state(saved.random_state)
         done, algorithm, table = saved.done, saved.algorithm, saved.table
         if report is not None:
@@ -460,6 +462,24 @@ class RunParts:
 
         done, state = load_checkpoint(checkpoint, key, rebuilt)
         return SavedRun(done, state["algorithm"], ResultTable(state["rows"]), state["random"])
+
+
+def _check_saved_params(saved: SavedRun, params: defenses.AlgorithmParams, checkpoint: Path) -> None:
+    """A checkpoint whose algorithm was built with other parameters than ``config``
+    builds now (its config is the same, but a default that follows the run changed,
+    e.g. an unset Byzantine budget that meant f = 1 before it followed the run's
+    count) is refused: resuming it would mix two runs."""
+    written = saved.algorithm.params
+    try:  # an older version kept specs (an aggregator's table) where this one keeps the built object
+        written = type(params).model_validate({name: getattr(written, name) for name in type(params).model_fields})
+    except (ValidationError, AttributeError):
+        pass
+    if written != params:
+        raise CheckpointError(
+            f"{checkpoint} was written with parameters {written!r}, but this version builds "
+            f"{params!r} from the same config (an unset default now follows the run); "
+            "run again without resuming, or set the old value in the config"
+        )
 
 
 def load_run(method: MethodConfig, config: ExperimentConfig, seed: int, checkpoint: Path) -> SavedRun:
