@@ -334,17 +334,31 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     of honest models that are not finite (must stay 0 under any attack), and for
     algorithms that form clusters the adjusted Rand index of the honest clients'
     assignment against the true clusters; under a backdoor attack also its
-    ``attack_success_rate`` (:func:`backdoor_success`)."""
+    ``attack_success_rate`` (:func:`backdoor_success`).  A classification task also
+    gets ``worst_cluster_test_accuracy``: the lowest of the true clusters' honest
+    mean test accuracies (a defense that sacrifices one cluster shows it there)."""
     models = algorithm.client_models()
     honest = ~task.byzantine.to(models.device)
     per_client = task.evaluate(models, algorithm.predict_log_proba)
     out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
     out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
+    if "test_accuracy" in per_client:
+        out["worst_cluster_test_accuracy"] = worst_cluster_mean(per_client["test_accuracy"], task.cluster_ids, honest)
     out.update(backdoor_success(task, algorithm, models))
     if record is not None and record.assignment is not None:
         truth = task.cluster_ids.to(models.device)[honest]
         out["ari"] = adjusted_rand_index(truth, record.assignment[honest])
     return out
+
+
+def worst_cluster_mean(values: torch.Tensor, cluster_ids: torch.Tensor, honest: torch.Tensor) -> float:
+    """The lowest per-cluster mean of ``values[N]`` over the honest clients of each
+    true cluster (clusters without an honest client left out)."""
+    ids = cluster_ids.to(values.device)[honest]
+    kept = values[honest].double()
+    sums = torch.zeros(int(cluster_ids.max()) + 1, dtype=torch.float64, device=values.device).index_add_(0, ids, kept)
+    counts = torch.bincount(ids, minlength=sums.shape[0]).to(torch.float64)
+    return float((sums / counts)[counts > 0].min())
 
 
 def measured(table: ResultTable) -> int:
