@@ -67,11 +67,12 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class Built:
     """What :func:`validate` builds from a config, once, and every run of the config
     reuses: the attack (``None`` for ``"none"``), each method's parameters (in config
-    order) and the device."""
+    order), the device and the run's cost estimate in seconds."""
 
     attack: AttackBase | None
     params: tuple[defenses.AlgorithmParams, ...]
     device: torch.device
+    seconds: float = 0.0  # the run's cost estimate (robust_pfl.costs), every seed and method
 
 
 def built(config: ExperimentConfig) -> Built:
@@ -161,8 +162,8 @@ def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentC
         raise fail("device", str(error)) from None
     config = config if device == config.device else config.model_copy(update={"device": device})
     params = tuple(chosen[i] for i in range(len(config.methods)))
-    config._built = Built(attack, params, torch.device(device))
-    costs.warn_if_long(config, list(params), client_count(config), model_dim, samples, source)
+    seconds = costs.warn_if_long(config, list(params), client_count(config), model_dim, samples, source)
+    config._built = Built(attack, params, torch.device(device), seconds)
     return config
 
 

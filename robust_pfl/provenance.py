@@ -10,6 +10,7 @@ version and when the run finished (UTC, ISO 8601).
 from __future__ import annotations
 
 import functools
+import os
 import platform
 import socket
 import subprocess
@@ -78,6 +79,7 @@ def provenance(device: Any, threads: int | None, seconds: float) -> dict[str, An
         "torch_threads": threads,
         "wall_seconds": seconds,
         "host": socket.gethostname(),
+        "machine": machine_text(),
         "python": platform.python_version(),
         "finished_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -91,3 +93,18 @@ def _cuda_name(device: str) -> str | None:
         return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else None
     except (RuntimeError, ValueError, AssertionError):
         return None
+
+
+def machine_text() -> str:
+    """This machine in words: its CPU model (where ``/proc/cpuinfo`` names it, else
+    the platform's processor) and its logical CPU count."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine()
+    return f"{model}, {os.cpu_count()} logical CPUs"

@@ -435,7 +435,13 @@ def render(frame: pd.DataFrame, fmt: str = "md") -> str:
     ``csv`` (every column, unrounded, stored units)."""
     if fmt == "csv":
         return frame.to_csv(index=False)
-    header, rows, align, notes = display_table(frame)
+    return render_cells(*display_table(frame), fmt)
+
+
+def render_cells(header: Sequence[str], rows: Sequence[Sequence[str]], align: Sequence[str],
+                 notes: Sequence[str], fmt: str = "md") -> str:
+    """Display cells as ``md`` (a Markdown table and its notes) or ``latex`` (a
+    booktabs tabular, notes as comments); ``align``: ``"l"`` or ``"r"`` per column."""
     if fmt == "md":
         def line(cells: Sequence[str]) -> str:
             return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"

@@ -393,7 +393,7 @@ def test_run_refuses_a_directory_holding_only_checkpoints_but_resumes_it(tmp_pat
 
 # -- provenance and --version ------------------------------------------------------------------
 PROVENANCE_KEYS = {"version", "git_commit", "torch", "device", "device_name", "torch_threads", "wall_seconds",
-                   "host", "python", "finished_utc"}
+                   "host", "machine", "python", "finished_utc"}
 
 
 def head_commit() -> str | None:

@@ -1,0 +1,255 @@
+"""A benchmark file: the defenses, the attack set, the Byzantine fractions, the
+heterogeneity levels, the seeds and each defense's tuning grid (``robust-pfl
+benchmark``), validated at load.
+
+The file is a run config (``rounds``, ``batch_size``, ``[task]`` ...: what every cell
+shares) without ``methods``, ``attack`` and ``byzantine``, which the benchmark sets per
+cell, plus:
+
+* ``[[defenses]]``: method tables as ``[[methods]]`` (``name``, ``label``, options),
+  each with an optional ``tune`` table of lists (``tune = { lr = [0.03, 0.1] }``): the
+  candidate settings are the Cartesian product of the lists, each value replacing the
+  option of that name.
+* ``[benchmark]``: ``fractions`` (Byzantine share of all clients, ``byzantine.fraction``;
+  0 runs the clean cell, without attack), ``attacks`` (``"all"``: every registered attack
+  but the backdoors; or a list of names and ``{name, label, options}`` tables),
+  ``exclude_attacks``, ``backdoors`` (``"all"``, a list, or ``[]``: scored by attack
+  success rate in a section of their own), ``heterogeneity`` (a list of tables of task
+  options, each with a ``label``: the y axis), ``tolerance`` (points below clean
+  accuracy that still count as holding, default 10), ``tune`` (``true``: choose each
+  defense's setting on validation data; ``false``: the file's values).
+* ``[benchmark.quick]`` and ``[benchmark.subsets.<name>]``: profiles that narrow the
+  run (``rounds``, ``seeds``, ``fractions``, ``attacks``, ``backdoors``,
+  ``heterogeneity`` and ``defenses`` as label lists, ``tune``); ``--quick`` and
+  ``--subset NAME`` select them.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from robust_pfl.config import ConfigError, check_nesting, config_error, read_toml_file, validation_problems
+from robust_pfl.plugins import load_plugins, with_resolved_paths
+
+#: Keys of the file the benchmark sets per cell.
+PER_CELL = ("methods", "attack", "byzantine", "seeds")
+ALL = "all"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class Profile(_Strict):
+    """What ``--quick`` or ``--subset NAME`` narrows: each field left out keeps the
+    file's value; the list fields name attacks, heterogeneity levels and defenses by
+    label."""
+
+    rounds: int | None = Field(None, ge=1)
+    seeds: list[int] | None = Field(None, min_length=1)
+    fractions: list[float] | None = Field(None, min_length=1)
+    attacks: list[str] | None = None
+    backdoors: list[str] | None = None
+    heterogeneity: list[str] | None = Field(None, min_length=1)
+    defenses: list[str] | None = Field(None, min_length=1)
+    tune: bool | None = None
+
+
+class BenchmarkTable(_Strict):
+    """The ``[benchmark]`` table (module docstring)."""
+
+    fractions: list[float] = Field(min_length=1, description="Byzantine shares of all clients, in [0, 0.5)")
+    attacks: Literal["all"] | list[str | dict[str, Any]] = ALL
+    exclude_attacks: list[str] = Field(default_factory=list)
+    backdoors: Literal["all"] | list[str | dict[str, Any]] = ALL
+    heterogeneity: list[dict[str, Any]] = Field(
+        default_factory=lambda: [{"label": "as configured"}], min_length=1,
+        description="task options per level, each with a label",
+    )
+    tolerance: float = Field(10.0, ge=0, le=100, description="points below clean accuracy that still hold")
+    tune: bool = True
+    quick: Profile = Field(default_factory=lambda: Profile(rounds=10, seeds=None, tune=False))
+    subsets: dict[str, Profile] = Field(default_factory=dict)
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, values: list[float]) -> list[float]:
+        bad = [v for v in values if not 0 <= v < 0.5]
+        if bad:
+            raise ValueError(f"each must be a Byzantine share in [0, 0.5), got {bad}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"must be distinct, got {values}")
+        return sorted(values)
+
+    @field_validator("heterogeneity")
+    @classmethod
+    def _levels(cls, levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        labels = [level.get("label") for level in levels]
+        if not all(isinstance(label, str) and label for label in labels):
+            raise ValueError(f"every level needs a non-empty string 'label', got labels {labels}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"labels must be distinct, got {labels}")
+        return levels
+
+
+class Defense(BaseModel):
+    """One ``[[defenses]]`` table: a method (``name``, ``label``, options) and its
+    ``tune`` lists."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str
+    label: str | None = None
+    tune: dict[str, list[Any]] = Field(default_factory=dict)
+
+    @field_validator("tune")
+    @classmethod
+    def _tune(cls, tune: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in tune.items():
+            if key in ("name", "label"):
+                raise ValueError(f"{key!r} names the defense; tune its options")
+            if not values:
+                raise ValueError(f"{key}: give at least one value")
+            distinct = {json.dumps(v, sort_keys=True) for v in values}
+            if len(distinct) != len(values):
+                raise ValueError(f"{key}: values must be distinct, got {values}")
+        return tune
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def candidates(self, tune: bool) -> list[tuple[str, dict[str, Any]]]:
+        """``(label, method table)`` of every candidate setting: the product of the
+        ``tune`` lists (``tune``), else the file's values alone (label ``"as given"``)."""
+        base = {"name": self.name, "label": self.display, **self.options()}
+        if not tune or not self.tune:
+            return [("as given", base)]
+        keys = list(self.tune)
+        out = []
+        for values in itertools.product(*(self.tune[key] for key in keys)):
+            label = ", ".join(f"{key}={compact(value)}" for key, value in zip(keys, values))
+            out.append((label, {**base, **dict(zip(keys, values))}))
+        return out
+
+
+def compact(value: Any) -> str:
+    """A tuning value as a candidate's label shows it."""
+    if isinstance(value, dict):
+        return str(value.get("label") or json.dumps(value, sort_keys=True, separators=(",", ":")))
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+class BenchmarkSpec(_Strict):
+    """A validated benchmark file: ``base`` (the run config every cell shares),
+    ``defenses`` and ``benchmark``."""
+
+    source: str
+    base: dict[str, Any]
+    defenses: list[Defense] = Field(min_length=1)
+    benchmark: BenchmarkTable
+    attack_labels: list[str] | None = None  # a profile's selection of the attacks, by label
+    backdoor_labels: list[str] | None = None  # and of the backdoors
+
+    @model_validator(mode="after")
+    def _labels(self) -> BenchmarkSpec:
+        labels = [d.display for d in self.defenses]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"defenses: labels must be distinct, got {labels} (set 'label')")
+        return self
+
+    def narrowed(self, profile: Profile, what: str) -> BenchmarkSpec:
+        """This benchmark narrowed by ``profile`` (``what`` names it in errors)."""
+        table = self.benchmark
+        problems = []
+
+        def pick(field: str, chosen: list[str] | None, known: list[str]) -> list[str] | None:
+            if chosen is None:
+                return None
+            unknown = [c for c in chosen if c not in known]
+            if unknown:
+                problems.append((f"{what}.{field}", f"unknown {unknown}; known: {known}"))
+            return chosen
+
+        defenses = self.defenses
+        names = pick("defenses", profile.defenses, [d.display for d in self.defenses])
+        if names is not None:
+            defenses = [d for d in self.defenses if d.display in names]
+        levels = table.heterogeneity
+        labels = pick("heterogeneity", profile.heterogeneity, [level["label"] for level in levels])
+        if labels is not None:
+            levels = [level for level in levels if level["label"] in labels]
+        if problems:
+            raise config_error(self.source, problems)
+        update: dict[str, Any] = {"heterogeneity": levels}
+        if profile.fractions is not None:
+            update["fractions"] = BenchmarkTable.model_validate({"fractions": profile.fractions}).fractions
+        if profile.tune is not None:
+            update["tune"] = profile.tune
+        base = dict(self.base)
+        if profile.rounds is not None:
+            base["rounds"] = profile.rounds
+            base["eval_every"] = min(base.get("eval_every", 10), profile.rounds)
+        if profile.seeds is not None:
+            base["seeds"] = profile.seeds
+        elif what.endswith("quick"):
+            base["seeds"] = base.get("seeds", [0])[:1]
+        return self.model_copy(update={
+            "base": base, "defenses": defenses, "benchmark": table.model_copy(update=update),
+            "attack_labels": profile.attacks, "backdoor_labels": profile.backdoors,
+        })
+
+    @property
+    def seeds(self) -> list[int]:
+        return list(self.base.get("seeds", [0]))
+
+
+def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None,
+                    quick: bool = False, subset: str | None = None, tune: bool | None = None) -> BenchmarkSpec:
+    """A benchmark file's parsed TOML as a :class:`BenchmarkSpec`, narrowed by its
+    quick profile (``quick``) or subset ``subset``; ``tune = False`` keeps the file's
+    values (``--no-tune``).
+
+    Raises:
+        ConfigError: ``invalid config <source>:`` and a line per bad field.
+    """
+    check_nesting(data, f"benchmark {source}")
+    data = with_resolved_paths(copy.deepcopy(data), base_dir)
+    load_plugins(data.get("plugins"), source)
+    problems = [(key, "set per cell by the benchmark; remove it (use [[defenses]], benchmark.fractions, "
+                      "benchmark.attacks)") for key in PER_CELL[:-1] if key in data]
+    if problems:
+        raise config_error(source, problems)
+    defenses = data.pop("defenses", None)
+    table = data.pop("benchmark", None)
+    try:
+        spec = BenchmarkSpec.model_validate({"source": source, "base": data, "defenses": defenses,
+                                             "benchmark": table})
+    except ValidationError as error:
+        raise config_error(source, validation_problems(error, BenchmarkSpec)) from None
+    if quick and subset is not None:
+        raise ConfigError("give --quick or --subset, not both")
+    if quick:
+        spec = spec.narrowed(spec.benchmark.quick, "benchmark.quick")
+    elif subset is not None:
+        if subset not in spec.benchmark.subsets:
+            raise ConfigError(f"--subset {subset!r}: the file {source} defines {sorted(spec.benchmark.subsets)} "
+                              "(tables [benchmark.subsets.<name>])")
+        spec = spec.narrowed(spec.benchmark.subsets[subset], f"benchmark.subsets.{subset}")
+    if tune is not None:
+        spec = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"tune": tune})})
+    return spec
+
+
+def load_benchmark(path: str | Path, quick: bool = False, subset: str | None = None,
+                   tune: bool | None = None) -> BenchmarkSpec:
+    """The benchmark file at ``path`` (:func:`parse_benchmark`)."""
+    return parse_benchmark(read_toml_file(path, "benchmark"), str(path), Path(path).parent, quick, subset, tune)
