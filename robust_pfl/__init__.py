@@ -42,6 +42,13 @@ def run_grid(grid, **options):
     return api.run_grid(grid, **options)
 
 
+def benchmark(source, **options):
+    """Run a worst-case benchmark and return its result: :func:`robust_pfl.api.benchmark`."""
+    from robust_pfl import api
+
+    return api.benchmark(source, **options)
+
+
 __all__ = [
     "Batch",
     "ClientData",
@@ -58,4 +65,5 @@ __all__ = [
     "RoundRecord",
     "run",
     "run_grid",
+    "benchmark",
 ]

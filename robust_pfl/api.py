@@ -9,6 +9,7 @@ the package's own (docs/extending.md).
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -82,3 +83,27 @@ def run_grid(grid: Mapping[str, Any] | str | Path, *, out_dir: str | Path | None
     with tempfile.TemporaryDirectory(prefix="robust-pfl-grid-") as scratch:
         run_cells(expanded, Path(scratch), progress=progress)
         return grid_results(Path(scratch), expanded)
+
+
+def benchmark(source: Mapping[str, Any] | str | Path, *, out_dir: str | Path | None = None, quick: bool = False,
+              subset: str | None = None, tune: bool | None = None, jobs: int = 1, backend: str = "local",
+              device: str | None = None, progress: bool | None = None, page: str | Path | None = None):
+    """Run a worst-case benchmark (a benchmark file's path, or a dict with its
+    structure) and return its :class:`~robust_pfl.worst_case.BenchmarkResult`: the
+    worst-case table (``result.table``), breakdowns, backdoors, best defenses and the
+    tuned settings, as ``robust-pfl benchmark`` writes them.
+
+    ``out_dir`` is the benchmark's store (finished cells are not run again); without
+    it a temporary directory is used.  ``quick``/``subset`` pick the file's profiles,
+    ``tune = False`` keeps the file's values, ``jobs``/``backend`` run the cells in
+    parallel (``"local"`` processes or ``"ray"``), ``page`` writes the results page."""
+    from robust_pfl.backends import make_backend
+    from robust_pfl.worst_case import run_benchmark
+
+    with contextlib.ExitStack() as stack:
+        if out_dir is None:
+            out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="robust-pfl-benchmark-"))
+        cells = make_backend(backend, jobs=jobs)
+        stack.callback(cells.close)
+        return run_benchmark(source, Path(out_dir), quick=quick, subset=subset, tune=tune, backend=cells,
+                             device=device, progress=progress, page=page)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import sys
 import warnings
 from contextlib import contextmanager
@@ -166,6 +167,41 @@ def _grid(args: argparse.Namespace) -> int:
     return 1 if summary["errors"] else 0
 
 
+def _benchmark(args: argparse.Namespace) -> int:
+    from robust_pfl.worst_case.runner import run_benchmark
+
+    from robust_pfl.grid_file import Resources
+
+    out = Path(args.out) if args.out else Path("results") / Path(args.benchmark).stem
+    cells = None if args.threads is None else Resources(cpus=float(args.threads))
+    with _backend(args, _recipe_resources(args)) as backend:
+        result = run_benchmark(args.benchmark, out, quick=args.quick, subset=args.subset,
+                               tune=False if args.no_tune else None, backend=backend, device=args.device,
+                               page=args.page, command=_benchmark_command(args), resources=cells)
+    summary = result.summary
+    print(f"{summary['cells']} cells: {summary['ran']} ran, {summary['skipped']} skipped (finished before), "
+          f"{summary['errors']} errored, {summary['not_applicable']} combinations not applicable")
+    print(f"cost: {summary['per_cell']}")
+    for path in result.files:
+        print(f"  wrote {path}")
+    for cell, error in summary["errored"].items():
+        print(f"  error in cell {cell}: {error}")
+    return 1 if summary["errors"] else 0
+
+
+def _benchmark_command(args: argparse.Namespace) -> str:
+    """The ``robust-pfl benchmark`` command line that reproduces this call's results
+    (the options that change them, and where they go)."""
+    words = ["robust-pfl", "benchmark", args.benchmark]
+    words += ["--quick"] if args.quick else []
+    words += ["--subset", args.subset] if args.subset else []
+    words += ["--no-tune"] if args.no_tune else []
+    words += ["--device", args.device] if args.device else []
+    words += ["--out", args.out] if args.out else []
+    words += ["--page", args.page] if args.page else []
+    return " ".join(shlex.quote(word) for word in words)
+
+
 def _recipe_resources(args: argparse.Namespace):
     """Per-cell resources of a recipe's grid: one GPU per cell on CUDA (Ray), else the
     backend's default."""
@@ -269,7 +305,11 @@ def _plot(args: argparse.Namespace) -> int:
 
 def _results(args: argparse.Namespace) -> int:
     from robust_pfl.summaries import compare_tables, render, summary_table
+    from robust_pfl.worst_case.results import is_benchmark, worst_case_text
 
+    if args.compare is None and is_benchmark(args.results):
+        print(worst_case_text(args.results, args.format), end="")
+        return 0
     if args.compare is None:
         table = summary_table(args.results, args.metric)
     else:
@@ -350,6 +390,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_backend_options(grid)
     _add_device_option(grid)
     grid.set_defaults(handler=_grid)
+    bench = commands.add_parser(
+        "benchmark", help="worst case over the attack catalogue across Byzantine fractions and heterogeneity, "
+        "tuned on validation data (resumable)")
+    bench.add_argument("benchmark", help="path to the benchmark TOML ([[defenses]], [benchmark])")
+    bench.add_argument("--out", help="output directory (default results/<benchmark name>)")
+    bench.add_argument("--quick", action="store_true", help="the file's quick profile: a smoke run of minutes")
+    bench.add_argument("--subset", metavar="NAME", default=None, help="the file's [benchmark.subsets.NAME] profile")
+    bench.add_argument("--no-tune", action="store_true", help="run the file's values, no tuning grid")
+    bench.add_argument("--page", metavar="PATH", default=None,
+                       help="also write the results page there (figures beside it)")
+    _add_backend_options(bench)
+    _add_device_option(bench)
+    bench.set_defaults(handler=_benchmark)
     table = commands.add_parser(
         "attack-table", help="attack x defense tables: the synthetic, digits and systems grid files in configs/ (resumable)"
     )
@@ -396,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
         "results", help="the table a paper shows: final metrics per method x attack (x varying axes), mean ± sd over seeds"
     )
     results.add_argument("results", metavar="STORE_OR_RUN",
-                         help="a grid's store (directory with results.csv) or a run's output directory")
+                         help="a grid's store (directory with results.csv), a run's output directory, or a "
+                         "benchmark's (its worst-case table)")
     results.add_argument("--compare", metavar="OTHER", default=None,
                          help="another store or run: each cell's difference (STORE_OR_RUN - OTHER), cells only in one listed")
     results.add_argument("--format", choices=["md", "latex", "csv"], default="md",

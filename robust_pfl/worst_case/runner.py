@@ -5,7 +5,6 @@ tune, take the worst case and write the tables, figures and page."""
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -175,7 +174,7 @@ def run_benchmark(
     source: str | Path | Mapping[str, Any], out: str | Path, *, quick: bool = False, subset: str | None = None,
     tune: bool | None = None, backend: Backend | None = None, device: str | None = None,
     progress: bool | None = None, page: str | Path | None = None, say: Callable[[str], None] | None = None,
-    command: str | None = None,
+    command: str | None = None, resources: Resources | None = None,
 ) -> BenchmarkResult:
     """Run the benchmark ``source`` (a file path or its parsed mapping) into ``out``.
 
@@ -202,7 +201,7 @@ def run_benchmark(
         f"applicable; estimated at least {readable_duration(plan.estimated_seconds)} of compute "
         "(robust_pfl.costs' lower bound)")
     out = Path(out)
-    grid_summary = run_grid(plan.grid(Resources()), out, backend, progress)
+    grid_summary = run_grid(plan.grid(resources), out, backend, progress)
     finals = finals_frame(out, plan)
     result = analyse(spec, plan, finals)
     entries = attack_set(spec)
@@ -229,8 +228,3 @@ def run_benchmark(
     }
     result.files = write_report(result, out, Path(page) if page is not None else None)
     return result
-
-
-def shell_command(argv: list[str]) -> str:
-    """The command line that ran, for the page's provenance."""
-    return "robust-pfl " + " ".join(shlex.quote(a) for a in argv)

@@ -1,0 +1,31 @@
+"""``robust-pfl results`` on a benchmark's output directory: its worst-case table
+(Markdown, LaTeX or CSV) with intervals and the worst attack, read back from the
+files the benchmark wrote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from robust_pfl.summaries import ResultsError
+from robust_pfl.worst_case.report import render_worst_case
+from robust_pfl.worst_case.runner import RECORD
+
+
+def is_benchmark(path: str | Path) -> bool:
+    """Whether ``path`` is a benchmark's output directory (it holds :data:`RECORD`)."""
+    return Path(path).is_dir() and (Path(path) / RECORD).is_file()
+
+
+def worst_case_text(path: str | Path, fmt: str = "md") -> str:
+    """The worst-case table of the benchmark written to ``path``, in ``fmt``."""
+    path = Path(path)
+    try:
+        record = json.loads((path / RECORD).read_text(encoding="utf-8"))
+        table = pd.read_csv(path / "worst_case.csv")
+        skipped = pd.read_csv(path / "not_applicable.csv")
+    except (OSError, ValueError) as error:
+        raise ResultsError(f"{path}: not a finished benchmark's output ({error})") from None
+    return render_worst_case(table, record["fractions"], record["heterogeneity"], record["defenses"], skipped, fmt)
