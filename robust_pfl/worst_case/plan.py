@@ -106,6 +106,25 @@ def cell_payload(spec: BenchmarkSpec, level: dict[str, Any], fraction: float, me
     return payload
 
 
+def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
+    """Every level and defense setting must make a valid run without Byzantine
+    clients: a failure there is the file's error (a bad option, a level whose data do
+    not fit), raised now, never reported as a combination that is not applicable."""
+    from robust_pfl.experiments import validate
+
+    problems = []
+    for level in spec.benchmark.heterogeneity:
+        for index, defense in enumerate(spec.defenses):
+            for candidate, method in defense.candidates(spec.benchmark.tune):
+                try:
+                    validate(parse_config(cell_payload(spec, level, 0.0, method, clean.table), spec.source), spec.source)
+                except ConfigError as error:
+                    where = f"defenses[{index}] ({defense.display}, {candidate}) at level {level['label']!r}"
+                    problems += [f"  {where}: {line.strip()}" for line in str(error).splitlines()[1:]]
+    if problems:
+        raise ConfigError("\n".join([f"invalid config {spec.source}: a run without Byzantine clients fails", *problems]))
+
+
 def build_plan(spec: BenchmarkSpec) -> Plan:
     """Every cell of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
     combinations that fail validation are recorded as not applicable."""
@@ -115,6 +134,7 @@ def build_plan(spec: BenchmarkSpec) -> Plan:
     entries = attack_set(spec)
     seen: dict[str, dict[str, Any]] = {}
     clean = AttackEntry("none", {"name": "none"}, CLEAN)
+    check_clean_runs(spec, clean)
     for level in spec.benchmark.heterogeneity:
         for fraction in spec.benchmark.fractions:
             for defense in spec.defenses:

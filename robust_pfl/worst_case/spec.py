@@ -195,9 +195,10 @@ class BenchmarkSpec(_Strict):
         if profile.tune is not None:
             update["tune"] = profile.tune
         base = dict(self.base)
-        if profile.rounds is not None:
-            base["rounds"] = profile.rounds
-            base["eval_every"] = min(base.get("eval_every", 10), profile.rounds)
+        if profile.rounds is not None:  # the quick profile never lengthens a shorter file
+            rounds = min(profile.rounds, base.get("rounds", 100)) if what.endswith("quick") else profile.rounds
+            base["rounds"] = rounds
+            base["eval_every"] = min(base.get("eval_every", 10), rounds)
         if profile.seeds is not None:
             base["seeds"] = profile.seeds
         elif what.endswith("quick"):
