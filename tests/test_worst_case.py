@@ -136,6 +136,12 @@ def test_the_breakdown_fraction_of_a_hand_made_frame():
     assert strict.loc["D", "holds_up_to"] == 0.0 and strict.loc["D", "breaks_at"] == 0.1
 
 
+def test_a_defense_whose_clean_accuracy_is_near_chance_gets_no_verdict():
+    table = analysis.worst_case(HAND, analysis.tune(HAND))
+    result = analysis.breakdown(table, [0.0, 0.1, 0.3], tolerance=10, chance=0.65).set_index("method")
+    assert bool(result.loc["E", "vacuous"]) and not bool(result.loc["D", "vacuous"])  # E's clean 0.70 <= 0.75
+
+
 def test_a_fraction_a_defense_cannot_run_is_where_it_breaks():
     table = analysis.worst_case(HAND, analysis.tune(HAND))
     without = table[~((table["method"] == "E") & (table["fraction"] == 0.3))]

@@ -136,12 +136,14 @@ def _clean(rows: pd.DataFrame) -> dict[tuple[str, str], float]:
             for key, group in clean.groupby(["method", "heterogeneity"], sort=False)}
 
 
-def breakdown(table: pd.DataFrame, fractions: Iterable[float], tolerance: float) -> pd.DataFrame:
+def breakdown(table: pd.DataFrame, fractions: Iterable[float], tolerance: float, chance: float = 0.0) -> pd.DataFrame:
     """Per (defense, level): ``holds_up_to``, the largest fraction ``f`` such that at
     every fraction ``<= f`` of ``fractions`` the worst case ran and stayed within
     ``tolerance`` points (accuracies in [0, 1], so ``tolerance / 100``) of clean; and
     ``breaks_at``, the first fraction where it did not (nan: it holds everywhere),
-    with ``why`` ("below clean - tolerance", "not applicable", "no clean accuracy")."""
+    with ``why`` ("below clean - tolerance", "not applicable", "no clean accuracy").
+    ``vacuous``: the clean accuracy is within ``tolerance`` of ``chance`` (1 / classes),
+    so staying near it tells a defense from one that learns nothing not at all."""
     fractions = sorted(fractions)
     out = []
     for (method, level), group in table.groupby(["method", "heterogeneity"], sort=False):
@@ -159,9 +161,11 @@ def breakdown(table: pd.DataFrame, fractions: Iterable[float], tolerance: float)
                 holds = fraction
                 continue
             break
+        clean = group["clean"].dropna()
+        vacuous = bool(len(clean)) and float(clean.iloc[0]) <= chance + tolerance / 100
         out.append({"method": method, "heterogeneity": level, "holds_up_to": holds, "breaks_at": breaks,
-                    "why": why})
-    return pd.DataFrame(out, columns=["method", "heterogeneity", "holds_up_to", "breaks_at", "why"])
+                    "why": why, "vacuous": vacuous})
+    return pd.DataFrame(out, columns=["method", "heterogeneity", "holds_up_to", "breaks_at", "why", "vacuous"])
 
 
 def backdoor_worst_case(finals: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:

@@ -80,7 +80,8 @@ def breakdown_cells(breakdown: pd.DataFrame) -> tuple[list[str], list[list[str]]
     rows = [[row.method, row.heterogeneity,
              "none" if not math.isfinite(row.holds_up_to) else fraction_text(row.holds_up_to),
              "never (in the fractions run)" if not math.isfinite(row.breaks_at) else fraction_text(row.breaks_at),
-             row.why or "–"] for row in breakdown.itertuples()]
+             ("no verdict: clean accuracy near chance; " if row.vacuous else "") + (row.why or "–")]
+            for row in breakdown.itertuples()]
     return header, rows, ["l", "l", "r", "r", "l"]
 
 
@@ -117,6 +118,11 @@ def statements(breakdown: pd.DataFrame, table: pd.DataFrame, tolerance: float) -
             out.append(f"**{row.method}** ({row.heterogeneity}): does not hold at any fraction ({row.why} "
                        f"at f = {fraction_text(row.breaks_at)}"
                        + (f": {percent(first.iloc[-1]['worst'])}%" if len(first) else "") + ").")
+            continue
+        if row.vacuous:
+            out.append(f"**{row.method}** ({row.heterogeneity}): no verdict: its clean accuracy "
+                       f"({percent(mine['clean'].iloc[0])}%) is within {tolerance:g} points of chance, so staying "
+                       "near it under attack says nothing.")
             continue
         at = mine[mine["fraction"] == row.holds_up_to]
         worst = percent(at.iloc[0]["worst"]) if len(at) else "–"

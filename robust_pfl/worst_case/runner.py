@@ -66,13 +66,21 @@ def finals_frame(out: Path, plan: Plan) -> pd.DataFrame:
     return frame[columns]
 
 
+def chance_accuracy(spec: BenchmarkSpec) -> float:
+    """1 / the number of classes of the benchmark's data set."""
+    from robust_pfl.engine.datasets import load_dataset
+
+    task = spec.base.get("task", {})
+    return 1.0 / load_dataset(task.get("dataset", "digits"), task.get("data_dir")).num_classes
+
+
 def analyse(spec: BenchmarkSpec, plan: Plan, finals: pd.DataFrame) -> BenchmarkResult:
     """Tune, take the worst case, find the breakdowns and the best defenses."""
     chosen = analysis.tune(finals)
     table = analysis.worst_case(finals, chosen)
     return BenchmarkResult(
         spec, plan, finals, chosen, table,
-        analysis.breakdown(table, spec.benchmark.fractions, spec.benchmark.tolerance),
+        analysis.breakdown(table, spec.benchmark.fractions, spec.benchmark.tolerance, chance_accuracy(spec)),
         analysis.backdoor_worst_case(finals, chosen),
         analysis.best_defense(table),
         pd.DataFrame(plan.not_applicable, columns=[*COLUMNS[:-1], "section", "reason"]),

@@ -229,6 +229,10 @@ def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path
                       "benchmark.attacks)") for key in PER_CELL[:-1] if key in data]
     if problems:
         raise config_error(source, problems)
+    task = data.get("task")
+    if not isinstance(task, dict) or task.get("name") != "image":
+        raise config_error(source, [("task.name", "a benchmark measures accuracy: give an image task "
+                                                  "([task] name = \"image\")")])
     defenses = data.pop("defenses", None)
     table = data.pop("benchmark", None)
     try:
