@@ -269,8 +269,8 @@ def _list_defenses(args: argparse.Namespace) -> int:
     from robust_pfl.catalog import aggregator_entries, algorithm_entries, render
 
     print(render("Algorithms ([[methods]] name = ...):", algorithm_entries(defenses.REGISTRY), not args.brief))
-    title = ("Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...}; an unset Byzantine "
-             "budget f follows the run's Byzantine count):")
+    title = ("Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...};\n"
+             "an unset Byzantine budget f follows the run's Byzantine count):")
     print(render(title, aggregator_entries(defenses.AGGREGATORS), not args.brief))
     return 0
 
