@@ -332,3 +332,21 @@ def test_the_shipped_benchmark_file_loads_and_plans_its_quick_profile():
     assert spec.benchmark.attacks == "all"
     quick = build_plan(load_benchmark(path, quick=True))
     assert quick.cells and json.dumps([c.axes for c in quick.cells[:3]])
+
+
+def test_cells_are_shared_with_a_grid_of_the_same_runs(tmp_path):
+    """A grid whose cells are runs the benchmark already made (same task, method,
+    attack, Byzantine fraction, seed) finds them finished in the same store."""
+    from robust_pfl.grid import run_grid
+    from robust_pfl.grid_file import expand_grid
+
+    out = tmp_path / "out"
+    run_benchmark(tiny(tmp_path), out, say=lambda line: None, progress=False)
+    import tomllib
+
+    base = tomllib.loads(TINY)
+    del base["benchmark"], base["defenses"]
+    base.update(byzantine={"fraction": 0.2}, methods=[{"label": "FC", "name": "fc", "lr": 0.2}],
+                grid={"attack": [{"name": "alie"}, {"name": "bit_flip"}]})
+    summary = run_grid(expand_grid(base, "same.toml"), out, progress=False)
+    assert summary["cells"] == 4 and summary["skipped"] == 4 and summary["ran"] == 0
