@@ -61,7 +61,7 @@ INVALID: dict[str, list[tuple[dict[str, Any], str]]] = {
     "dba": [({"parts": 0}, "parts"), ({"size": 2, "parts": 3}, "parts")],
     "model_replacement": [({"boost": 0.0}, "boost")],
     "optimal_alie": [({"grid": []}, "grid"), ({"grid": [1.0, -2.0]}, "grid")],
-    "optimal_ipm": [({"grid": [0.0]}, "grid")],
+    "optimal_ipm": [({"grid": [-0.5]}, "grid"), ({"line_evaluations": -1}, "line_evaluations")],
     "fang_krum": [({"f": -1}, "f"), ({"steps": 0}, "steps"), ({"centre": "median"}, "centre")],
     "fang_trimmed_mean": [({"b": 1.0}, "b")],
     "bit_flip": [({"source": "other"}, "source"), ({"client": -1}, "client"), ({"scale": math.inf}, "scale")],
@@ -266,7 +266,7 @@ def test_invalid_hyperparameters_name_the_field(name, options, field):
     ("ball_edge", {"fallback_quantile": math.nan}, "ball_edge.fallback_quantile must be a number in [0, 1], got nan"),
     ("alie", {"z": True}, "alie.z must be a finite number >= 0 or None, got True"),
     ("label_flip", {"shift": "1"}, "label_flip.shift must be an integer, got '1'"),
-    ("optimised", {"scales": [1.0, math.inf]}, "optimised.scales must be a non-empty list, each a finite number > 0"),
+    ("optimised", {"scales": [1.0, math.inf]}, "optimised.scales must be a non-empty list, each a finite number >= 0"),
     ("forged_loss", {"payload": "bitflip"}, "got 'bitflip' (did you mean 'bit_flip'?)"),
     ("ipm", {"epss": 0.1}, "ipm.epss is not an option (did you mean 'eps'?); attack 'ipm' accepts the fields: eps"),
 ])
@@ -583,7 +583,7 @@ def damage(values: torch.Tensor, rows: torch.Tensor, aggregate) -> float:
 @pytest.mark.parametrize("base", [{"name": "alie"}, {"name": "ipm", "eps": 0.5}, {"name": "bit_flip", "source": "mean"}])
 def test_optimised_picks_the_most_damaging_grid_scale(base):
     values = messages(M, S, D, seed=4)
-    attack = attacks.Optimised(base=base)
+    attack = attacks.Optimised(base=base, line_evaluations=0, refine_steps=0)  # the grid alone
     ctx = lambda: context(state={"aggregate": median_aggregate})  # noqa: E731
     out = attack(values, ctx())
     mean = honest_mean(values)
@@ -598,7 +598,7 @@ def test_optimised_picks_the_most_damaging_grid_scale(base):
 
 def test_optimised_defaults_to_the_mean_and_survives_non_finite_damage():
     values = messages(S, D)
-    attack = attacks.Optimised(base={"name": "ipm"}, scales=[0.5, 2.0, 8.0])
+    attack = attacks.Optimised(base={"name": "ipm"}, scales=[0.5, 2.0, 8.0], line_evaluations=0, refine_steps=0)
     mean = honest_mean(values)
     offset = attack.attack(values, context()) - mean
     # plain mean aggregate: damage grows with the scale

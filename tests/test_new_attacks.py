@@ -45,7 +45,7 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
 }
 INVALID: dict[str, list[tuple[dict[str, Any], str]]] = {
     "optimal_alie": [({"grid": []}, "grid"), ({"grid": [1.0, -2.0]}, "grid"), ({"grid": [math.inf]}, "grid")],
-    "optimal_ipm": [({"grid": []}, "grid"), ({"grid": [0.0]}, "grid")],
+    "optimal_ipm": [({"grid": []}, "grid"), ({"grid": [-1.0]}, "grid"), ({"refine_steps": -1}, "refine_steps")],
     "fang_krum": [({"f": -1}, "f"), ({"steps": 0}, "steps"), ({"centre": "median"}, "centre")],
     "fang_trimmed_mean": [({"b": 1.0}, "b"), ({"b": math.nan}, "b")],
 }
@@ -162,11 +162,12 @@ def test_every_aggregator_stays_finite_under_inf(name):
 @pytest.mark.parametrize(("defense", "options"), [("trimmed_mean", {"f": 3}), ("median", {}), ("krum", {"f": 3}),
                                                    ("mean", {})])
 def test_optimal_alie_picks_the_z_of_largest_deviation(defense, options):
-    """Every grid ``z`` scored here with ALIE(z) itself against the defense: the attack's
-    rows are ALIE's rows at the first ``z`` of largest deviation."""
+    """The pure grid search (line search and refinement off): every grid ``z`` scored
+    here with ALIE(z) itself against the defense; the attack's rows are ALIE's rows at
+    the first ``z`` of largest deviation."""
     values = instance(seed=3, lead=(2,))
     aggregate = probe(defense, **options)
-    attack = attacks.build("optimal_alie")
+    attack = attacks.build("optimal_alie", {"line_evaluations": 0, "refine_steps": 0})
     out = attack(values, context(state={"aggregate": aggregate}))
     candidates = [attacks.ALIE(z=z)(values, context()) for z in attack.grid]
     damages = [deviation(values, rows, aggregate) for rows in candidates]
@@ -182,7 +183,8 @@ def test_optimal_alie_picks_the_z_of_largest_deviation(defense, options):
 def test_optimal_ipm_picks_the_eps_of_largest_deviation(defense, options):
     values = instance(seed=5, lead=(2,))
     aggregate = probe(defense, **options)
-    attack = attacks.build("optimal_ipm", {"grid": [0.1, 0.5, 1.0, 2.0, 5.0, 20.0]})
+    attack = attacks.build("optimal_ipm", {"grid": [0.1, 0.5, 1.0, 2.0, 5.0, 20.0], "line_evaluations": 0,
+                                           "refine_steps": 0})
     out = attack(values, context(state={"aggregate": aggregate}))
     candidates = [attacks.IPM(eps=eps)(values, context()) for eps in attack.grid]
     damages = [deviation(values, rows, aggregate) for rows in candidates]
@@ -193,7 +195,8 @@ def test_optimal_ipm_picks_the_eps_of_largest_deviation(defense, options):
 
 def test_optimal_alie_without_a_defense_state_uses_the_mean():
     values = instance(seed=1)
-    out = attacks.build("optimal_alie", {"grid": [0.5, 3.0, 1.0]})(values, context())
+    out = attacks.build("optimal_alie", {"grid": [0.5, 3.0, 1.0], "line_evaluations": 0, "refine_steps": 0})(
+        values, context())
     torch.testing.assert_close(out, attacks.ALIE(z=3.0)(values, context()), rtol=1e-12, atol=1e-12)
 
 
