@@ -5,21 +5,35 @@ A wrapper in the spirit of the adaptive evaluations of Shejwalkar & Houmansadr (
 Byzantine rows relative to the honest mean, and a search over its scale picks the one
 that moves the defense's output farthest from the honest mean.
 
-The search (:func:`maximise_scale`) covers 0 and unbounded scales, in three phases, all
-on the same damage function and sharing one cache (a value is evaluated once):
+The search (:func:`maximise_scale`) runs over values ``>= 0``, 0 included and no upper
+bound, in three phases on one damage function with one cache (a value is evaluated at
+most once; a value met again costs nothing):
 
-1. **grid**: every value of the wrapper's grid, in order (0 included by default);
-2. **line search** from 0 (the exploration of ByzFL's optimal attacks, after Garfield's
-   "line maximize"): step 1, each improving step doubled (so the value grows
-   geometrically without bound while the damage grows), then, from the first step
-   that does not improve, ``line_evaluations`` probes in all that move back or forward
-   by a step shrunk by 0.8 each probe;
-3. **refinement** around the best value found: ``refine_steps`` times, the values half a
-   gap to the left (never below 0) and to the right, the gap halved each time (the
-   first gap: the distance to the nearest other evaluated value).
+1. **grid**: every value of the grid, in its order (the default grids include 0);
+2. **line search** from 0, ByzFL's exploration (its ``Optimal_ALittleIsEnough`` /
+   ``Optimal_InnerProductManipulation``, defaults ``evals = 20``, ``delta = 10``,
+   ``ratio = 0.8``), ``line_evaluations`` evaluations in all, with its own running best
+   ``b`` (0 at first): *expansion*: try ``b + step`` (``step = line_step`` at first);
+   while that improves strictly on ``b`` it becomes ``b`` and the step doubles (the
+   value grows geometrically, without bound); at the first try that does not improve
+   (non-finite damage included) the step is multiplied by 0.8 and *contraction*
+   starts: each remaining evaluation tries ``b + step``, takes it as ``b`` if it
+   improves, and multiplies the step by 0.8;
+3. **refinement** around the best value ``c`` of phases 1-2, ``refine_evaluations``
+   evaluations: a golden-section search in the bracket ``[l, r]`` of the evaluated
+   values next to ``c`` (``l = 0`` when none is below): each evaluation tries the point
+   at 0.382 of the longer of ``[l, c]`` and ``[c, r]`` from ``c``; a strict improvement
+   becomes ``c`` and the old ``c`` the end on its side, any other try becomes the end
+   on its side.  When no value above ``c`` was evaluated, the try is ``2c``
+   instead (1 when ``c = 0``): the value keeps doubling while the damage grows.
 
-Non-finite damages are ignored (worse than any finite one); ties go to the value
-evaluated first; with no finite damage the base rows themselves (value 1) are used.
+So one call evaluates at most ``len(grid) + line_evaluations + refine_evaluations``
+values (defaults: 10 + 20 + 8 for ``optimised``, 8 + 20 + 8 for ``optimal_alie`` and
+``optimal_ipm``), each one aggregate call.  The result is the value of largest finite
+damage over every phase; non-finite damages are ignored (worse than any finite one),
+ties go to the value evaluated first, and with no finite damage at all the base rows
+themselves (value 1) are used.  ``line_evaluations = 0`` and ``refine_evaluations = 0``
+give the pure grid search of earlier versions (whose grids did not include 0).
 """
 
 from __future__ import annotations
@@ -36,10 +50,13 @@ from attacks.base import NeedsBy, attack_options, build, register
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 DEFAULT_SCALES: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
-#: Probes of the line search (phase 2) and halvings of the refinement (phase 3).
-LINE_EVALUATIONS = 16
-REFINE_STEPS = 3
+#: Phase 2 (line search): evaluations and first step (ByzFL's defaults), step contraction.
+LINE_EVALUATIONS = 20
+LINE_STEP = 10.0
 LINE_SHRINK = 0.8
+#: Phase 3: evaluations around the best value, and the golden-section fraction.
+REFINE_EVALUATIONS = 8
+GOLDEN = (3.0 - math.sqrt(5.0)) / 2.0
 
 
 def mean_aggregate(delivered: Tensor) -> Tensor:
@@ -47,65 +64,88 @@ def mean_aggregate(delivered: Tensor) -> Tensor:
     return delivered.mean(dim=-2, keepdim=True)
 
 
-def maximise_scale(damage: Callable[[float], float], grid: Sequence[float], line_evaluations: int = LINE_EVALUATIONS,
-                   refine_steps: int = REFINE_STEPS) -> float:
-    """The value ``>= 0`` of largest finite ``damage(value)`` found by the grid, the
-    line search from 0 and the refinement of the module docstring (ties: the value
-    evaluated first); 1 when no damage is finite."""
+def maximise_scale(damage: Callable[[float], float], grid: Sequence[float] = DEFAULT_SCALES,
+                   line_evaluations: int = LINE_EVALUATIONS, refine_evaluations: int = REFINE_EVALUATIONS,
+                   line_step: float = LINE_STEP) -> float:
+    """The value ``>= 0`` of largest finite ``damage(value)`` found by the three phases
+    of the module docstring (grid, line search from 0, refinement); ties go to the
+    value evaluated first; 1 when no damage is finite.  ``damage`` is called at most
+    once per distinct value, in a fixed order (deterministic when ``damage`` is)."""
     seen: dict[float, float] = {}
     best: list[Any] = [None, -math.inf]  # value, damage
 
     def value_of(x: float) -> float:
-        x = max(float(x), 0.0)
+        x = float(x)
+        if not math.isfinite(x) or x < 0:
+            return -math.inf
         if x not in seen:
-            d = float(damage(x))
-            seen[x] = d if math.isfinite(d) else -math.inf
+            y = float(damage(x))
+            seen[x] = y if math.isfinite(y) else -math.inf
             if seen[x] > best[1]:
                 best[0], best[1] = x, seen[x]
         return seen[x]
 
     for x in grid:
         value_of(x)
-    if line_evaluations > 0:
-        line_search(value_of, line_evaluations)
-    for _ in range(refine_steps if best[0] is not None else 0):
-        centre = best[0]
-        gaps = [abs(x - centre) for x in seen if x != centre]
-        gap = min(gaps) if gaps else max(centre, 1.0)
-        value_of(centre - gap / 2)
-        value_of(centre + gap / 2)
+    line_search(value_of, line_evaluations, line_step)
     if best[0] is None:
         return 1.0
+    refine(value_of, best[0], sorted(seen), refine_evaluations)
     return best[0]
 
 
-def line_search(value_of: Callable[[float], float], evaluations: int) -> None:
-    """Phase 2 of the module docstring, calling ``value_of`` (which records the best)
-    ``evaluations`` times: from 0 with step 1, doubling each improving step, then
-    probing around the best with the step shrunk by :data:`LINE_SHRINK` each probe."""
-    best_x, best_y = 0.0, value_of(0.0)
-    step, probe, left = 1.0, 0.0, evaluations - 1
-    while left > 0:  # expansion
-        probe = best_x + step
+def refine(value_of: Callable[[float], float], centre: float, evaluated: Sequence[float], evaluations: int) -> None:
+    """Phase 3 of the module docstring: ``evaluations`` calls of ``value_of`` around
+    ``centre``, the best of the sorted ``evaluated`` values: golden-section steps in
+    the bracket of its evaluated neighbours (0 the left end when it has none), or,
+    without a right neighbour, doubling ``centre`` until the damage stops growing."""
+    below = [x for x in evaluated if x < centre]
+    above = [x for x in evaluated if x > centre]
+    left, right = (below[-1] if below else 0.0), (above[0] if above else None)
+    height = value_of(centre)
+    for _ in range(evaluations):
+        if right is None:  # nothing evaluated beyond the best: expand
+            probe = 2 * centre if centre > 0 else 1.0
+        elif right - centre >= centre - left:
+            probe = centre + GOLDEN * (right - centre)
+        else:
+            probe = centre - GOLDEN * (centre - left)
+        if not math.isfinite(probe) or probe in (left, centre, right):
+            return
         y = value_of(probe)
+        if y > height:
+            if probe > centre:
+                left, centre = centre, probe
+            else:
+                right, centre = centre, probe
+            height = y
+        elif probe > centre:
+            right = probe
+        else:
+            left = probe
+
+
+def line_search(value_of: Callable[[float], float], evaluations: int, step: float = LINE_STEP) -> None:
+    """Phase 2 of the module docstring: ``evaluations`` calls of ``value_of`` (which
+    keeps the overall best) from 0, expanding by a doubling step while the damage
+    improves, then trying ``b + step`` with the step shrunk by :data:`LINE_SHRINK`."""
+    if evaluations <= 0:
+        return
+    best_x, best_y = 0.0, value_of(0.0)
+    left = evaluations - 1
+    while left > 0:  # expansion
         left -= 1
+        y = value_of(best_x + step)
         if y > best_y:
-            best_x, best_y, step = probe, y, 2 * step
+            best_x, best_y, step = best_x + step, y, 2 * step
         else:
             step *= LINE_SHRINK
             break
     while left > 0:  # contraction
-        if probe < best_x:
-            probe += step
-        else:
-            candidate = probe - step
-            while candidate < 0:
-                candidate = (candidate + probe) / 2
-            probe = candidate
-        y = value_of(probe)
         left -= 1
+        y = value_of(best_x + step)
         if y > best_y:
-            best_x, best_y = probe, y
+            best_x, best_y = best_x + step, y
         step *= LINE_SHRINK
 
 
@@ -116,24 +156,26 @@ class Optimised(AttackBase):
 
     ``base``: ``{"name": ..., <options>}`` of another registered attack, built (and
     validated) at construction.  Each call computes the base rows ``B0``, then for
-    scale ``s`` the search tries (:func:`maximise_scale`: the grid ``scales``, a line
-    search from 0 and a refinement) the candidate rows ``honest_mean + s * (B0 -
-    honest_mean)`` (per leading block), delivers them into a copy of the messages and
-    measures the damage ``mean ||aggregate(delivered) - honest_mean||`` (mean over the
-    aggregate's rows and the leading blocks).  ``aggregate`` is
-    ``context.defense_state["aggregate"]`` (``[..., S, d] -> [..., R, d]``: the
-    vectors the honest receivers would apply); without it, the plain mean over senders.
+    scale ``s`` the candidate rows ``honest_mean + s * (B0 - honest_mean)`` (per
+    leading block), delivers them into a copy of the messages and measures the damage
+    ``mean ||aggregate(delivered) - honest_mean||`` (mean over the aggregate's rows and
+    the leading blocks).  ``aggregate`` is ``context.defense_state["aggregate"]``
+    (``[..., S, d] -> [..., R, d]``: the vectors the honest receivers would apply);
+    without it, the plain mean over senders.  The scale is the one
+    :func:`maximise_scale` finds (module docstring: the grid ``scales``, a line search
+    from 0 with no upper bound, a refinement around the best).
 
     The search is per call and global: one scale for the whole call (every leading
     block and every Byzantine row), chosen afresh each round.  Non-finite damages are
     ignored; when no damage is finite, scale 1 (the base rows themselves) is used.
     Ties go to the scale evaluated first.  The base attack is called once per call, so
-    its randomness comes from ``context.generator`` as usual.  ``line_evaluations = 0``
-    and ``refine_steps = 0`` leave the pure grid search.
+    its randomness comes from ``context.generator`` as usual; the search itself draws
+    nothing.  ``line_evaluations = 0`` and ``refine_evaluations = 0`` leave the pure grid.
     """
 
     name: ClassVar[str] = "optimised"
-    summary: ClassVar[str] = "search the scale of a base attack (grid, line search) to maximise the aggregate's deviation"
+    summary: ClassVar[str] = ("search the scale of a base attack (grid, unbounded line search) to maximise the "
+                              "aggregate's deviation")
     needs = NeedsBy(
         frozenset({"omniscient", "adaptive"}),
         lambda self: frozenset(self.attack.needs) | {"omniscient", "adaptive"},
@@ -146,11 +188,14 @@ class Optimised(AttackBase):
         Field(min_length=1, strict=False, description="the grid of scales tried first, in order (ties: the first)"),
     ] = DEFAULT_SCALES  # strict=False: a TOML list becomes the tuple (its items stay strict)
     line_evaluations: Annotated[
-        int, Field(ge=0, description="probes of the line search from 0 (doubling, then shrinking by 0.8); 0: none")
+        int, Field(ge=0, le=64, description="evaluations of the line search from 0 (step doubled while the damage "
+                                            "grows, then shrunk by 0.8); 0: none")
     ] = LINE_EVALUATIONS
-    refine_steps: Annotated[
-        int, Field(ge=0, description="halvings of the refinement around the best scale; 0: none")
-    ] = REFINE_STEPS
+    line_step: Annotated[float, Field(gt=0, description="the line search's first step")] = LINE_STEP
+    refine_evaluations: Annotated[
+        int, Field(ge=0, le=64, description="evaluations of the golden-section refinement around the best scale; "
+                                            "0: none")
+    ] = REFINE_EVALUATIONS
     attack: Any = dataclasses.field(init=False, repr=False, compare=False)  # the base attack, built
 
     def __post_init__(self) -> None:
@@ -166,13 +211,14 @@ class Optimised(AttackBase):
         object.__setattr__(self, "attack", attack)
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        return self.search(messages, context, self.scales)
+        return self.rows_at_best(messages, context, self.scales)
 
-    def search(self, messages: Tensor, context: AttackContext, grid: Sequence[float],
-               to_scale: Callable[[float], float] = float) -> Tensor:
-        """The base rows at the scale :func:`maximise_scale` finds over values ``v >= 0``
-        (``grid`` first) whose scale is ``to_scale(v)``: an attack's own parameter
-        (ALIE's ``z``, IPM's ``eps``) searched through this wrapper."""
+    def rows_at_best(self, messages: Tensor, context: AttackContext, grid: Sequence[float],
+                     to_scale: Callable[[float], float] = float) -> Tensor:
+        """The candidate rows at ``to_scale(v)``, ``v`` the value :func:`maximise_scale`
+        finds over values ``>= 0`` (``grid`` first, then this wrapper's line search and
+        refinement): an attack's own parameter (ALIE's ``z``, IPM's ``eps``) searched
+        through this wrapper."""
         aggregate = (context.defense_state or {}).get("aggregate") or mean_aggregate
         mask = context.byzantine.to(messages.device)
         centre = honest_mean(messages, context)
@@ -183,5 +229,5 @@ class Optimised(AttackBase):
             delivered[..., mask, :] = centre + to_scale(value) * offset
             return float(norm(aggregate(delivered) - centre, keepdim=False).mean())
 
-        chosen = maximise_scale(damage, grid, self.line_evaluations, self.refine_steps)
+        chosen = maximise_scale(damage, grid, self.line_evaluations, self.refine_evaluations, self.line_step)
         return centre + to_scale(chosen) * offset

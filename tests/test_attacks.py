@@ -583,7 +583,7 @@ def damage(values: torch.Tensor, rows: torch.Tensor, aggregate) -> float:
 @pytest.mark.parametrize("base", [{"name": "alie"}, {"name": "ipm", "eps": 0.5}, {"name": "bit_flip", "source": "mean"}])
 def test_optimised_picks_the_most_damaging_grid_scale(base):
     values = messages(M, S, D, seed=4)
-    attack = attacks.Optimised(base=base, line_evaluations=0, refine_steps=0)  # the grid alone
+    attack = attacks.Optimised(base=base, line_evaluations=0, refine_evaluations=0)  # the grid alone
     ctx = lambda: context(state={"aggregate": median_aggregate})  # noqa: E731
     out = attack(values, ctx())
     mean = honest_mean(values)
@@ -594,17 +594,23 @@ def test_optimised_picks_the_most_damaging_grid_scale(base):
     assert chosen, "output is not one of the grid's scalings of the base rows"
     assert damages[chosen[0]] == pytest.approx(max(damages))
     assert damage(values, out, median_aggregate) >= damage(values, mean + offset, median_aggregate) - 1e-12
+    # the full search (grid, line search, refinement) is at least as damaging as its grid
+    refined = attacks.Optimised(base=base)(values, ctx())
+    assert damage(values, refined, median_aggregate) >= max(damages) - 1e-12
 
 
 def test_optimised_defaults_to_the_mean_and_survives_non_finite_damage():
     values = messages(S, D)
-    attack = attacks.Optimised(base={"name": "ipm"}, scales=[0.5, 2.0, 8.0], line_evaluations=0, refine_steps=0)
+    attack = attacks.Optimised(base={"name": "ipm"}, scales=[0.5, 2.0, 8.0], line_evaluations=0, refine_evaluations=0)
     mean = honest_mean(values)
     offset = attack.attack(values, context()) - mean
     # plain mean aggregate: damage grows with the scale
     torch.testing.assert_close(attack(values, context()), (mean + 8.0 * offset).expand(2, D))
     nan = {"aggregate": lambda delivered: torch.full_like(delivered[..., :1, :], math.nan)}
     torch.testing.assert_close(attack(values, context(state=nan)), (mean + offset).expand(2, D))
+    searched = attacks.Optimised(base={"name": "ipm"}, scales=[0.5, 2.0, 8.0])  # line search, refinement
+    torch.testing.assert_close(searched(values, context(state=nan)), (mean + offset).expand(2, D))
+    assert bool(((searched(values, context()) - mean).norm(dim=-1) >= 1e4 * (8.0 * offset).norm(dim=-1)).all())
 
 
 def test_an_attack_must_subclass_the_declared_contract():

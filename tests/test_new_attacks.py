@@ -45,7 +45,8 @@ EXAMPLES: dict[str, list[dict[str, Any]]] = {
 }
 INVALID: dict[str, list[tuple[dict[str, Any], str]]] = {
     "optimal_alie": [({"grid": []}, "grid"), ({"grid": [1.0, -2.0]}, "grid"), ({"grid": [math.inf]}, "grid")],
-    "optimal_ipm": [({"grid": []}, "grid"), ({"grid": [-1.0]}, "grid"), ({"refine_steps": -1}, "refine_steps")],
+    "optimal_ipm": [({"grid": []}, "grid"), ({"grid": [-1.0]}, "grid"),
+                    ({"refine_evaluations": -1}, "refine_evaluations"), ({"line_step": 0.0}, "line_step")],
     "fang_krum": [({"f": -1}, "f"), ({"steps": 0}, "steps"), ({"centre": "median"}, "centre")],
     "fang_trimmed_mean": [({"b": 1.0}, "b"), ({"b": math.nan}, "b")],
 }
@@ -167,7 +168,7 @@ def test_optimal_alie_picks_the_z_of_largest_deviation(defense, options):
     the first ``z`` of largest deviation."""
     values = instance(seed=3, lead=(2,))
     aggregate = probe(defense, **options)
-    attack = attacks.build("optimal_alie", {"line_evaluations": 0, "refine_steps": 0})
+    attack = attacks.build("optimal_alie", {"line_evaluations": 0, "refine_evaluations": 0})
     out = attack(values, context(state={"aggregate": aggregate}))
     candidates = [attacks.ALIE(z=z)(values, context()) for z in attack.grid]
     damages = [deviation(values, rows, aggregate) for rows in candidates]
@@ -177,6 +178,9 @@ def test_optimal_alie_picks_the_z_of_largest_deviation(defense, options):
     assert deviation(values, out, aggregate) == pytest.approx(best, rel=1e-9)
     if defense == "mean":  # the undefended mean: the deviation grows with z
         assert first == len(attack.grid) - 1
+    # with the line search and the refinement (the defaults): at least the grid's best
+    searched = attacks.build("optimal_alie")(values, context(state={"aggregate": aggregate}))
+    assert deviation(values, searched, aggregate) >= best * (1 - 1e-12)
 
 
 @pytest.mark.parametrize(("defense", "options"), [("trimmed_mean", {"f": 3}), ("median", {}), ("krum", {"f": 3})])
@@ -184,7 +188,7 @@ def test_optimal_ipm_picks_the_eps_of_largest_deviation(defense, options):
     values = instance(seed=5, lead=(2,))
     aggregate = probe(defense, **options)
     attack = attacks.build("optimal_ipm", {"grid": [0.1, 0.5, 1.0, 2.0, 5.0, 20.0], "line_evaluations": 0,
-                                           "refine_steps": 0})
+                                           "refine_evaluations": 0})
     out = attack(values, context(state={"aggregate": aggregate}))
     candidates = [attacks.IPM(eps=eps)(values, context()) for eps in attack.grid]
     damages = [deviation(values, rows, aggregate) for rows in candidates]
@@ -195,7 +199,7 @@ def test_optimal_ipm_picks_the_eps_of_largest_deviation(defense, options):
 
 def test_optimal_alie_without_a_defense_state_uses_the_mean():
     values = instance(seed=1)
-    out = attacks.build("optimal_alie", {"grid": [0.5, 3.0, 1.0], "line_evaluations": 0, "refine_steps": 0})(
+    out = attacks.build("optimal_alie", {"grid": [0.5, 3.0, 1.0], "line_evaluations": 0, "refine_evaluations": 0})(
         values, context())
     torch.testing.assert_close(out, attacks.ALIE(z=3.0)(values, context()), rtol=1e-12, atol=1e-12)
 
