@@ -350,3 +350,14 @@ def test_cells_are_shared_with_a_grid_of_the_same_runs(tmp_path):
                 grid={"attack": [{"name": "alie"}, {"name": "bit_flip"}]})
     summary = run_grid(expand_grid(base, "same.toml"), out, progress=False)
     assert summary["cells"] == 4 and summary["skipped"] == 4 and summary["ran"] == 0
+
+
+def test_the_page_restates_each_verdict_from_the_numbers():
+    from robust_pfl.worst_case.report import statements
+
+    table = analysis.worst_case(HAND, analysis.tune(HAND))
+    lines = statements(analysis.breakdown(table, [0.0, 0.1, 0.3], tolerance=5), table, 5)
+    d = next(line for line in lines if line.startswith("**D**"))
+    assert "holds at no Byzantine fraction" in d and "84.0% (b)" in d and "90.0% clean" in d
+    e = next(line for line in lines if line.startswith("**E**"))
+    assert "up to f = 0.3" in e and "65.0%" in e

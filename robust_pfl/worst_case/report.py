@@ -126,6 +126,14 @@ def statements(breakdown: pd.DataFrame, table: pd.DataFrame, tolerance: float) -
             continue
         at = mine[mine["fraction"] == row.holds_up_to]
         worst = percent(at.iloc[0]["worst"]) if len(at) else "–"
+        if row.holds_up_to == 0 and math.isfinite(row.breaks_at):
+            broke = mine[mine["fraction"] == row.breaks_at]
+            out.append(f"**{row.method}** ({row.heterogeneity}): holds at no Byzantine fraction run: at "
+                       f"f = {fraction_text(row.breaks_at)} its worst case is "
+                       + (f"{percent(broke.iloc[0]['worst'])}% ({broke.iloc[0]['worst_attack']})"
+                          if len(broke) else f"not run ({row.why})")
+                       + f", against {percent(at.iloc[0]['clean']) if len(at) else '–'}% clean.")
+            continue
         text = (f"**{row.method}** ({row.heterogeneity}): within {tolerance:g} points of its clean accuracy "
                 f"({percent(at.iloc[0]['clean']) if len(at) else '–'}%) under every attack up to "
                 f"f = {fraction_text(row.holds_up_to)} (worst case there {worst}%)")

@@ -5,6 +5,7 @@ tune, take the worst case and write the tables, figures and page."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -101,9 +102,12 @@ def _cost_text(finals: pd.DataFrame, spec: BenchmarkSpec, full: BenchmarkSpec) -
     rounds, full_rounds = spec.base.get("rounds", 100), full.base.get("rounds", 100)
     count = full_cell_count(full)
     extrapolated = count * per_cell * full_rounds / rounds
-    return (f"{per_cell:.2f} s per cell on one worker (mean of {len(seconds)} cells, {rounds} rounds); the full "
-            f"file has at most {count} cells at {full_rounds} rounds, about {readable_duration(extrapolated)} "
-            f"of one worker (measured per cell x cells x round ratio).")
+    workers = os.cpu_count() or 1
+    return (f"{per_cell:.2f} s per cell on one worker (mean of {len(seconds)} cells, {rounds} rounds; "
+            f"{readable_duration(float(seconds.sum()))} of compute in all); the full file has at most {count} "
+            f"cells at {full_rounds} rounds, about {readable_duration(extrapolated)} of one worker, "
+            f"{readable_duration(extrapolated / workers)} with --jobs {workers} on this machine "
+            "(measured per cell x cells x round ratio).")
 
 
 def full_cell_count(spec: BenchmarkSpec) -> int:
