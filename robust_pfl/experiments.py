@@ -392,6 +392,7 @@ def run_method(
     if every is not None and Path(checkpoint).exists():
         saved = parts.restore(Path(checkpoint), key)
         _check_saved_params(saved, method_params(config, method), Path(checkpoint))
+        _check_saved_attack(saved, built(config).attack, Path(checkpoint))
         restore_global_random_state(saved.random_state)
         done, algorithm, table = saved.done, saved.algorithm, saved.table
         if report is not None:
@@ -494,6 +495,22 @@ def _check_saved_params(saved: SavedRun, params: defenses.AlgorithmParams, check
             f"{checkpoint} was written with parameters {written!r}, but this version builds "
             f"{params!r} from the same config (an unset default now follows the run); "
             "run again without resuming, or set the old value in the config"
+        )
+
+
+def _check_saved_attack(saved: SavedRun, attack: AttackBase | None, checkpoint: Path) -> None:
+    """A checkpoint whose attack differs from the one ``config`` builds now (a default
+    of the attack changed: the optimised search's grid and evaluations) is refused, as
+    :func:`_check_saved_params` refuses changed method parameters."""
+    written = saved.algorithm.federation.attack
+    try:
+        same = bool(written == attack)
+    except (RuntimeError, ValueError):  # fields that compare elementwise (tensors)
+        same = repr(written) == repr(attack)
+    if not same:
+        raise CheckpointError(
+            f"{checkpoint} was written with the attack {written!r}, but this version builds {attack!r} from the "
+            "same config (a default of the attack changed); run again without resuming, or set the old values"
         )
 
 
