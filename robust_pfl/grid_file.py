@@ -180,11 +180,9 @@ def cell_key(config: ExperimentConfig) -> str:
 
 def grid_cell(config: ExperimentConfig, axes: dict[str, Any]) -> GridCell:
     """The cell running ``config`` (one method, one seed), shown in results as ``axes``."""
-    from robust_pfl.experiments import client_count
+    from robust_pfl.experiments import byzantine_count, client_count
 
-    placement = config.byzantine.placement()
-    byzantine = int(placement.counts(config.task.clusters, config.task.clients_per_cluster).sum())
-    return GridCell(cell_key(config), dict(axes), config.model_dump(), client_count(config), byzantine)
+    return GridCell(cell_key(config), dict(axes), config.model_dump(), client_count(config), byzantine_count(config))
 
 
 # -- axes ------------------------------------------------------------------------------------

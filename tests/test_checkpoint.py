@@ -545,6 +545,17 @@ def test_a_checkpoint_naming_a_class_by_its_former_module_loads(tmp_path, monkey
 OLD = ROOT / "tests" / "data" / "old_checkpoints"
 
 
+def old_fixture(name: str, tmp_path: Path) -> tuple[Any, Path]:
+    """The validated config of the old checkpoint ``name`` and a copy of its file."""
+    import json
+    import shutil
+
+    config = validate(parse_config(json.loads((OLD / "configs.json").read_text())[name]))
+    path = tmp_path / f"{name}.pt"
+    shutil.copy(OLD / f"{name}.pt", path)
+    return config, path
+
+
 @pytest.mark.parametrize("name", ["fc", "mc", "ifca"])
 def test_a_checkpoint_written_before_the_engine_and_aggregators_moved_resumes(name, tmp_path):
     """Checkpoints written at commit d6839b2 (``tests/data/old_checkpoints/make.py``),
@@ -552,13 +563,7 @@ def test_a_checkpoint_written_before_the_engine_and_aggregators_moved_resumes(na
     ``defenses.aggregators``, ``defenses.aggregators`` and
     ``defenses.aggregators``, load through ``MOVED_MODULES`` and resume to the
     rows of a run that never stopped."""
-    import json
-    import shutil
-
-    data = json.loads((OLD / "configs.json").read_text())[name]
-    config = validate(parse_config(data))
-    path = tmp_path / f"{name}.pt"
-    shutil.copy(OLD / f"{name}.pt", path)
+    config, path = old_fixture(name, tmp_path)
     assert b"robust_pfl.federation" in path.read_bytes() or b"robust_pfl.checkpoint" in path.read_bytes()
     resumed = run_method(config.methods[0], config, 3, checkpoint=path).rows
     assert exact(resumed) == exact(run_method(config.methods[0], config, 3).rows)
@@ -568,13 +573,7 @@ def test_a_checkpoint_whose_budget_was_the_old_default_is_refused(tmp_path):
     """``global-krum-nnm`` left NNM's budget unset, which meant f = 1 when it was written;
     it now follows the run's 2 Byzantine clients.  Resuming would mix the two runs, so
     the checkpoint is refused, naming both parameter sets."""
-    import json
-    import shutil
-
-    data = json.loads((OLD / "configs.json").read_text())["global-krum-nnm"]
-    config = validate(parse_config(data))
-    path = tmp_path / "global-krum-nnm.pt"
-    shutil.copy(OLD / "global-krum-nnm.pt", path)
+    config, path = old_fixture("global-krum-nnm", tmp_path)
     with pytest.raises(CheckpointError, match="NearestNeighbourMixing\\(f=None.*NearestNeighbourMixing\\(f=2"):
         run_method(config.methods[0], config, 3, checkpoint=path)
 
@@ -583,12 +582,6 @@ def test_a_checkpoint_whose_attack_defaults_changed_is_refused(tmp_path):
     """``global-bulyan`` runs ``optimised`` with its defaults, which were a 9-scale grid
     when it was written and are now a grid with 0, a line search and a refinement: the
     checkpoint is refused, naming both attacks."""
-    import json
-    import shutil
-
-    data = json.loads((OLD / "configs.json").read_text())["global-bulyan"]
-    config = validate(parse_config(data))
-    path = tmp_path / "global-bulyan.pt"
-    shutil.copy(OLD / "global-bulyan.pt", path)
+    config, path = old_fixture("global-bulyan", tmp_path)
     with pytest.raises(CheckpointError, match="written with the attack Optimised.*scales=\\(0.01,.*builds Optimised"):
         run_method(config.methods[0], config, 3, checkpoint=path)
