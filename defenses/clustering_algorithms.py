@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable, Literal
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
@@ -491,7 +491,25 @@ class MyopicClustering(_ServerClustering):
         )
 
 
-class MomentumClusteringParams(CentreClusteringParams):
+class MomentumStartParams(BaseModel):
+    """The momentum's first round, shared by the methods that send momenta (eq. 29:
+    ``m_i = alpha g_i + (1 - alpha) m_i`` from ``m_i = 0``)."""
+
+    first_alpha: float | None = Field(
+        None, gt=0, le=1,
+        description="momentum weight on the gradient in round 1 only (default: alpha); 1 makes m_1 = g_1, the "
+        "start the workshop's proofs assume (A.1, Assumptions, item 2: m_0 = 0 and alpha = 1 at t = 1), so that "
+        "momenta are as far apart as the gradients from the first round",
+    )
+
+
+def round_alpha(alpha: float, first_alpha: float | None, round_index: int) -> float:
+    """The momentum weight of round ``round_index`` (0-based): ``first_alpha`` in the
+    first round when set, else ``alpha``."""
+    return first_alpha if round_index == 0 and first_alpha is not None else alpha
+
+
+class MomentumClusteringParams(CentreClusteringParams, MomentumStartParams):
     """MC's defaults are the choices that make it cluster (docs/mc.md): Alg. 4 as printed
     is ``alpha = 0.1``-like momenta with ``seed_from = "all"`` and ``reseed = "never"``."""
 
@@ -514,6 +532,13 @@ class MomentumClusteringParams(CentreClusteringParams):
         "short of the gradients' scale in round t (as Adam's first moment); the clustering is unchanged (every "
         "message scaled alike), the applied step is not",
     )
+
+    @model_validator(mode="after")
+    def _one_start_correction(self) -> "MomentumClusteringParams":
+        if self.bias_correction and self.first_alpha is not None:
+            raise ValueError("bias_correction and first_alpha both change the momentum's start; set one "
+                             "(first_alpha = 1 already starts the momenta at the gradients' scale)")
+        return self
 
 
 @register
@@ -539,7 +564,7 @@ class MomentumClustering(_ServerClustering):
         self.momenta = self._rows_with_centre_slot()
 
     def step(self, round_index: int) -> RoundRecord:
-        alpha = self.params.alpha
+        alpha = round_alpha(self.params.alpha, self.params.first_alpha, round_index)
         if self.snapshot_records:  # the record keeps this round's gradients
             grads = self._own_gradients()
             self.momenta.lerp_(grads, alpha)  # alpha g + (1 - alpha) m, in place

@@ -32,6 +32,8 @@ from defenses.clustering_algorithms import (
     ClusteringParams,
     MomentumClustering,
     MomentumClusteringParams,
+    MomentumStartParams,
+    round_alpha,
 )
 from defenses.graph_rounds import received_from_neighbours
 from defenses.optimiser import HeavyBall
@@ -181,7 +183,7 @@ def neighbourhoods(adjacency: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 PDL_TC_CPU_BUDGET_MB = 1024
 
 
-class PDLTCParams(ClusteringParams):
+class PDLTCParams(ClusteringParams, MomentumStartParams):
     alpha: float = Field(
         0.1, gt=0, le=1, description="momentum weight on the new gradient, m = alpha g + (1 - alpha) m"
     )
@@ -300,7 +302,8 @@ class PersonalizedDecentralizedTC(Algorithm):
             layout = neighbourhoods(graph.adjacency)
         batch = fed.sample_batch(reuse=True)  # consumed at once
         own = fed.gradients(self.models, batch, out=self._own, skip_unread=True)
-        self.momenta.lerp_(own, self.params.alpha)  # alpha g + (1 - alpha) m, in place
+        # alpha g + (1 - alpha) m, in place
+        self.momenta.lerp_(own, round_alpha(self.params.alpha, self.params.first_alpha, round_index))
         updates = self._updates.zero_()
         ball = torch.zeros(fed.clients, dtype=torch.long, device=self.models.device)
         n, d = self.models.shape
@@ -407,7 +410,7 @@ class PersonalizedFederatedTC(MomentumClustering):
         if self.params.local_steps == 0:
             return super().step(round_index)
         pseudo = self._pseudo_gradients()
-        self.momenta.lerp_(pseudo, self.params.alpha)
+        self.momenta.lerp_(pseudo, round_alpha(self.params.alpha, self.params.first_alpha, round_index))
         updates = self._cluster_and_update(round_index, self.momenta)
         return RoundRecord(
             round_index,

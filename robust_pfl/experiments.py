@@ -391,7 +391,11 @@ def run_method(
     key = fingerprint(config, method, seed) if every is not None else ""
     if every is not None and Path(checkpoint).exists():
         saved = parts.restore(Path(checkpoint), key)
-        _check_saved_params(saved, method_params(config, method), Path(checkpoint))
+        params = method_params(config, method)
+        _check_saved_params(saved, params, Path(checkpoint))
+        # equal to the checkpoint's, with any field added since at its default: the
+        # complete object, so the resumed algorithm reads every field it declares
+        saved.algorithm.params = params
         _check_saved_attack(saved, built(config).attack, Path(checkpoint))
         restore_global_random_state(saved.random_state)
         done, algorithm, table = saved.done, saved.algorithm, saved.table
@@ -487,7 +491,9 @@ def _check_saved_params(saved: SavedRun, params: defenses.AlgorithmParams, check
     count) is refused: resuming it would mix two runs."""
     written = saved.algorithm.params
     try:  # an older version kept specs (an aggregator's table) where this one keeps the built object
-        written = type(params).model_validate({name: getattr(written, name) for name in type(params).model_fields})
+        # a field added since takes its default, which reproduces the older runs
+        written = type(params).model_validate({name: getattr(written, name) for name in type(params).model_fields
+                                               if hasattr(written, name)})
     except (ValidationError, AttributeError):
         pass
     if written != params:

@@ -3,28 +3,48 @@ Werner et al. (:func:`check`), or a bound of your own on random instances with t
 package's search and shrink (:func:`check_bound`) and a rate of your own with its
 verdict (:func:`check_rate`).  ``theory_checks`` re-exports all three.
 
-A bound of your own::
+A bound of your own, with its negative control: instances that break one hypothesis of
+the bound, chosen so that the bound must fail on them (a check that cannot fail is no
+evidence).  A "holds" counts only when the control violates the bound; otherwise, and
+without a control, the status is ``vacuous`` (:func:`theory_checks.controls.finalised`)::
 
     import numpy as np
-    from theory_checks import check_bound
+    from theory_checks import check_bound, check_rate
 
     def pairs(rng, size):  # a batch of instances: arrays with a leading batch axis
         return {"a": rng.uniform(0, 4, size), "b": rng.uniform(0, 4, size)}
 
+    def negative_pairs(rng, size):  # AM-GM needs a, b >= 0: both negative,
+        return {"a": rng.uniform(-4, -0.1, size),  # sqrt(ab) > 0 > (a + b) / 2
+                "b": rng.uniform(-4, -0.1, size)}
+
     result = check_bound(lambda x: np.sqrt(x["a"] * x["b"]),      # lhs
-                         lambda x: (x["a"] + x["b"]) / 2, pairs)  # rhs: AM-GM holds
+                         lambda x: (x["a"] + x["b"]) / 2, pairs,  # rhs: AM-GM holds
+                         control=negative_pairs, control_description="a, b < 0")
     result.status        # "holds"; result.worst_slack: the smallest relative margin
+    result.negative_control.violated, result.negative_control.ratio  # True, -2.0 (at a = b)
 
     result = check_bound(lambda x: x["a"] ** 2, lambda x: 2 * x["a"], pairs, name="a^2 <= 2a")
     result.status, result.counterexample   # "fails", the simplest violating instance found
+
+A rate's control is the error of a broken algorithm measured at the same values (a
+frozen model, no clustering): it must *fail* the claimed rate::
+
+    T = np.array([32, 64, 128, 256])
+    errors = np.outer(T ** -0.5, [0.9, 1.0, 1.1])  # [levels, repeats]
+    frozen = np.ones((4, 3))                        # a model that never learns
+    check_rate(T, errors, -0.5, variable="T", control_errors=frozen,
+               control_description="a frozen model").status  # "holds"
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
 
+from theory_checks.controls import finalised, margin_control
 from theory_checks.fitting import fit_mean_power_law
 from theory_checks.statements import STATEMENTS, Budget
 from theory_checks.statements.search import (
@@ -39,7 +59,7 @@ from theory_checks.statements.search import (
     shrink,
     simpler_entries,
 )
-from theory_checks.types import CheckResult, Hypothesis
+from theory_checks.types import CheckResult, Hypothesis, NegativeControl, PowerLaw
 from theory_checks.verdicts import rate_status, rate_verdict
 
 Side = Callable[[Instance], np.ndarray]
@@ -89,6 +109,9 @@ def check_bound(
     valid: Callable[[Instance], bool] | None = None,
     candidates: Candidates | None = None,
     tolerance: float = TOLERANCE,
+    control: Sampler | None = None,
+    control_description: str = "instances that break a hypothesis",
+    control_instances: int = 1_000,
 ) -> CheckResult:
     """Check ``lhs(instance) <= rhs(instance)`` on ``instances`` random instances.
 
@@ -101,6 +124,12 @@ def check_bound(
     when ``valid`` accepts it, it is simpler and still violates) and returned as the
     counterexample with both sides evaluated on it.  The sampler's own instances are
     taken as valid: ``valid`` keeps the shrink inside the domain they come from.
+
+    ``control`` (a sampler like ``sampler``) draws ``control_instances`` instances that
+    break one hypothesis of the bound so that it must fail there; their margins, as
+    above, make :attr:`CheckResult.negative_control`.  A "holds" whose control is
+    missing or not violated is reported ``vacuous``
+    (:func:`theory_checks.controls.finalised`).
     """
     if instances < 1 or batch_size < 1:
         raise ValueError(f"instances and batch_size must be >= 1, got {instances} and {batch_size}")
@@ -112,8 +141,7 @@ def check_bound(
     tried = violations = 0
     worst = np.inf
     found: Instance | None = None
-    while tried < instances:
-        batch = sampler(rng, min(batch_size, instances - tried))
+    for batch in _batches(sampler, rng, instances, batch_size):
         margins = np.asarray(margin(batch), float).ravel()
         bad = np.flatnonzero(margins < -tolerance)
         tried += margins.size
@@ -121,9 +149,12 @@ def check_bound(
         worst = min(worst, float(margins.min()))
         if found is None and bad.size:
             found = instance_at(batch, int(bad[0]))
+    negative = None if control is None else _bound_control(
+        margin, control, control_description, control_instances, batch_size, seed, tolerance, worst)
     if found is None:
-        return CheckResult(name, "holds", instances=tried, worst_slack=worst,
-                           evidence=f"{tried} instances, smallest relative margin {worst:.3g}")
+        return finalised(CheckResult(name, "holds", instances=tried, worst_slack=worst,
+                                     evidence=f"{tried} instances, smallest relative margin {worst:.3g}",
+                                     negative_control=negative))
 
     def violates(candidate: Instance) -> bool:
         return float(margin(batched(candidate))[0]) < -tolerance
@@ -134,7 +165,29 @@ def check_bound(
                       "rhs": float(np.asarray(rhs(one)).ravel()[0])}
     return CheckResult(name, "fails", instances=tried, worst_slack=worst, counterexample=counterexample,
                        evidence=f"violated on {violations} of {tried} instances; shrunk in {steps} steps",
-                       details={"found": plain(found), "shrink_steps": steps})
+                       details={"found": plain(found), "shrink_steps": steps}, negative_control=negative)
+
+
+def _batches(sampler: Sampler, rng: np.random.Generator, instances: int, batch_size: int):
+    """``sampler``'s batches until ``instances`` instances are drawn."""
+    drawn = 0
+    while drawn < instances:
+        batch = sampler(rng, min(batch_size, instances - drawn))
+        drawn += min(batch_size, instances - drawn)
+        yield batch
+
+
+def _bound_control(margin: Callable[[Instance], np.ndarray], control: Sampler, description: str, instances: int,
+                   batch_size: int, seed: int, tolerance: float, real: float) -> NegativeControl:
+    """The bound's relative margins on ``instances`` draws of the ``control`` sampler
+    (its own stream at ``seed``), with the real instances' smallest margin beside."""
+    if instances < 1:
+        raise ValueError(f"control_instances must be >= 1, got {instances}")
+    rng = np.random.default_rng([seed, 1])
+    margins = np.concatenate([np.asarray(margin(batch), float).ravel()
+                              for batch in _batches(control, rng, instances, batch_size)])
+    result = margin_control(description, margins, "relative margin", tolerance)
+    return dataclasses.replace(result, real=real)
 
 
 def check_rate(
@@ -147,13 +200,20 @@ def check_rate(
     bounded: bool = False,
     hypotheses: Sequence[Hypothesis] = (),
     seed: int = 0,
+    control_errors: np.ndarray | None = None,
+    control_description: str = "a broken algorithm",
 ) -> CheckResult:
     """The verdict on a rate ``E error <~ C x^claimed`` from measurements
     ``errors[len(values), repeats]``: the exponent of the mean over the repeats with its
     bootstrap interval (:func:`theory_checks.fitting.fit_mean_power_law`), the verdict
     and its direction (:func:`theory_checks.verdicts.rate_verdict`; ``bounded``: the
     variable cannot grow without limit), and the status given the measured
-    ``hypotheses`` (``hypotheses_unmet`` when one fails)."""
+    ``hypotheses`` (``hypotheses_unmet`` when one fails).
+
+    ``control_errors`` (same shape as ``errors``) are a broken algorithm's errors at
+    the same ``values`` (no clustering, a frozen model): the control is violated when
+    their verdict on the claimed rate is ``fails``.  A "holds" whose control is missing
+    or not violated is reported ``vacuous`` (:func:`theory_checks.controls.finalised`)."""
     law = fit_mean_power_law(values, errors, seed=seed)
     verdict = rate_verdict(law, claimed, bounded)
     status = rate_status({variable: verdict}, hypotheses)
@@ -161,5 +221,20 @@ def check_rate(
         status = "holds"
     evidence = f"{variable}: {law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}] vs claimed {claimed:+.2f} " \
                f"({verdict.verdict}: {verdict.direction})"
-    return CheckResult(name, status, instances=len(values), exponents={variable: (law, claimed)},
-                       evidence=evidence, hypotheses=tuple(hypotheses), verdicts={variable: verdict})
+    negative = None if control_errors is None else _rate_control(
+        values, control_errors, claimed, bounded, seed, control_description, law)
+    return finalised(CheckResult(name, status, instances=len(values), exponents={variable: (law, claimed)},
+                                 evidence=evidence, hypotheses=tuple(hypotheses), verdicts={variable: verdict},
+                                 negative_control=negative))
+
+
+def _rate_control(values: Sequence[float], errors: np.ndarray, claimed: float, bounded: bool, seed: int,
+                  description: str, real: PowerLaw) -> NegativeControl:
+    """The claimed rate's verdict on a broken algorithm's ``errors``: violated when it
+    ``fails``; the statistic is the fitted exponent's excess over the claimed one."""
+    law = fit_mean_power_law(values, errors, seed=seed)
+    verdict = rate_verdict(law, claimed, bounded)
+    return NegativeControl(description, law.exponent - claimed, verdict.verdict == "fails",
+                           statistic="fitted exponent - claimed exponent", real=real.exponent - claimed,
+                           details={"exponent": law.exponent, "interval": (law.low, law.high),
+                                    "verdict": verdict.verdict, "direction": verdict.direction})

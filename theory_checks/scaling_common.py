@@ -12,7 +12,7 @@ import numpy as np
 
 from theory_checks.bounds import fit_constant
 from theory_checks.fitting import fit_mean_power_law
-from theory_checks.types import FittedConstant, Hypothesis, PowerLaw
+from theory_checks.types import FittedConstant, Hypothesis, NegativeControl, PowerLaw
 from theory_checks.verdicts import rate_verdict
 
 Budget = Literal["quick", "full"]
@@ -57,6 +57,8 @@ class ScalingStudy:
         settings: the sizes and parameters used.
         findings: measurements beside the sweeps (named, with a short reason).
         hypotheses: the theorem's hypotheses as measured on the study's instances.
+        control: the negative control run on the same instances
+            (:mod:`theory_checks.controls`), where the study has one.
     """
 
     theorem: str
@@ -68,10 +70,12 @@ class ScalingStudy:
     settings: dict[str, Any] = field(default_factory=dict)
     findings: dict[str, Any] = field(default_factory=dict)
     hypotheses: tuple[Hypothesis, ...] = ()
+    control: NegativeControl | None = None
 
 
 def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], seed: int,
-             findings: dict[str, Any] | None = None, hypotheses: Sequence[Hypothesis] = ()) -> ScalingStudy:
+             findings: dict[str, Any] | None = None, hypotheses: Sequence[Hypothesis] = (),
+             control: NegativeControl | None = None) -> ScalingStudy:
     """Rows, laws (fitted to the mean over the repeats) and the constant of ``sweeps``
     (every sweep needs two or more values and positive mean errors; the bootstrap is
     seeded by ``seed``)."""
@@ -88,7 +92,7 @@ def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], se
         )
     constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
     return ScalingStudy(theorem, rows, laws, {s.variable: s.claimed for s in sweeps}, constant, table,
-                        settings, findings or {}, tuple(hypotheses))
+                        settings, findings or {}, tuple(hypotheses), control)
 
 
 def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float], bounded: frozenset[str] = frozenset()) -> str:

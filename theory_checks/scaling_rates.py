@@ -97,19 +97,24 @@ class PathStatistics:
     ``mean_s ||g_s(x_i) - grad f_i(x_i)||^2``; ``separation`` the smallest
     ``||grad f_i(x_i) - grad f_j(x_i)||`` over clients ``j`` of other clusters;
     ``momenta`` the honest clients' momenta after every round, ``[T, H, d]``, for a
-    method that sends momenta (``Algorithm.sends_momenta``)."""
+    method that sends momenta (``Algorithm.sends_momenta``); ``split_at_start``
+    whether round 1's assignment put the honest clients of one cluster, and only
+    them, on one centre (``None`` for a method without an assignment)."""
 
     noise: float
     separation: float
     momenta: np.ndarray | None = None
+    split_at_start: bool | None = None
 
 
-def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
-                          horizon: int) -> tuple[float, PathStatistics]:
-    """``(1/T) sum_{t=1}^T mean_i ||grad f_i(x_{i,t-1})||^2`` over honest clients, with
-    full local gradients (the left side of eq. 23 and eq. 28), and the run's
-    :class:`PathStatistics` at the same models."""
+def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation, horizon: int,
+                          measured: torch.Tensor | None = None) -> tuple[float, PathStatistics]:
+    """``(1/T) sum_{t=1}^T mean_i ||grad f_i(x_{i,t-1})||^2`` over honest clients (or the
+    honest clients of the ``[N]`` mask ``measured``), with full local gradients (the
+    left side of eq. 23 and eq. 28), and the run's :class:`PathStatistics` at the same
+    models (every honest client)."""
     honest = federation.honest
+    chosen = (measured if measured is not None else torch.ones_like(honest))[honest]
     data = federation.train.select(honest)
     clusters = federation.cluster_ids[honest]
     other = clusters.unsqueeze(0) != clusters.unsqueeze(1)  # [H, H]: j in another cluster than i
@@ -122,18 +127,30 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
         models = algorithm.client_models()[honest]
         cross = federation.objective.cross_gradients(models, data)  # [H models, H clients, d]
         own = torch.diagonal(cross, dim1=0, dim2=1).T  # grad f_i(x_i), [H, d]
-        total += own.square().sum(-1).mean()
+        total += own[chosen].square().sum(-1).mean()
         noise = max(noise, gradient_noise(federation.objective, models, data).value)
         distances = (own.unsqueeze(1) - cross).norm(dim=-1)  # [i, j]: at x_i
         separation = min(separation, float(distances[other].min()))
 
+    split: list[bool] = []
+
     def after(done: int, record: RoundRecord) -> None:
         if momenta is not None:
             momenta.append(record.momenta[honest].numpy().copy())
+        if done == 1 and record.assignment is not None:
+            split.append(same_partition(record.assignment[honest], clusters))
 
     run_rounds(algorithm, horizon, before=before, after=after)
-    path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta))
+    path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta),
+                          split[0] if split else None)
     return float(total) / horizon, path
+
+
+def same_partition(assignment: torch.Tensor, clusters: torch.Tensor) -> bool:
+    """Whether ``assignment`` groups the clients exactly as ``clusters`` does (up to
+    the labels)."""
+    together = assignment.unsqueeze(0) == assignment.unsqueeze(1)
+    return bool(torch.equal(together, clusters.unsqueeze(0) == clusters.unsqueeze(1)))
 
 
 def fc_options(problem: RateProblem, eta: float) -> dict[str, Any]:
@@ -187,12 +204,21 @@ class HorizonPaths:
     round: int | None = None
 
 
-def horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarray) -> HorizonPaths:
+def horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarray,
+                  pooled: bool = False) -> HorizonPaths:
+    """One horizon's :class:`HorizonPaths` from its repeats' paths.  ``E m_i,t`` is the
+    mean over the repeats; with ``pooled``, over the repeats and the clients of ``i``'s
+    cluster, whose momenta are iid where Assumption 8 holds (clients sharing their
+    cluster's data set), an estimate ``n_i`` times less noisy."""
     noise = max(path.noise for path in paths)
     separation = min(path.separation for path in paths)
     if paths[0].momenta is None:
         return HorizonPaths(horizon, noise, separation)
     mean = np.mean([path.momenta for path in paths], axis=0)  # [T, H, d]: E m over the repeats
+    if pooled:
+        members = clusters[:, None] == np.unique(clusters)[None, :]  # [H, K]
+        centres = np.einsum("thd,hk->tkd", mean, members) / members.sum(0)[None, :, None]
+        mean = centres[:, np.searchsorted(np.unique(clusters), clusters)]  # every client: its cluster's mean
     gaps = np.linalg.norm(mean[:, :, None] - mean[:, None, :], axis=-1)  # [T, H, H]
     gaps = np.where(clusters[:, None] != clusters[None, :], gaps, np.inf).min(axis=(1, 2))  # [T]
     return HorizonPaths(horizon, noise, separation, float(gaps.min()), int(gaps.argmin()) + 1)

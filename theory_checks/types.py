@@ -125,7 +125,38 @@ class Hypothesis:
         return f"{self.name} {state}: {self.requirement}; measured {self.measured:.3g}, needs {self.required:.3g}{at}"
 
 
-Status = Literal["holds", "holds_with_constant", "fails", "inconclusive", "hypotheses_unmet"]
+@dataclass(frozen=True)
+class NegativeControl:
+    """A broken algorithm or a violated hypothesis, run in the same check on the same
+    instances, chosen so that a true bound must be violated by it (no clustering, the
+    wrong clustering, a frozen model, Byzantine rows admitted, a step above 1/L...).
+
+    A "holds" is evidence only when its control is violated: a bound that the broken
+    run also meets does not tell the algorithm from a broken one on that family
+    (:func:`theory_checks.controls.finalised` turns such a status into ``vacuous``).
+
+    Attributes:
+        description: what was broken, in words.
+        ratio: the control's value of ``statistic`` (for a rate, its error / bound
+            ratio at the largest budget; for an exact claim, its smallest margin).
+        violated: whether the control violates the claim by the check's own rule (a
+            rate: its ratio grows without limit along the swept variable; an exact
+            claim: a margin below the tolerance).
+        statistic: what ``ratio`` measures.
+        real: the same statistic for the real algorithm (shown beside the control's).
+        details: anything else the control measured (its exponent, its ratios).
+    """
+
+    description: str
+    ratio: float
+    violated: bool
+    statistic: str = "error / bound at the largest budget"
+    real: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+Status = Literal["holds", "holds_with_constant", "loose", "vacuous", "undecidable", "fails", "inconclusive",
+                 "hypotheses_unmet"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +176,16 @@ class CheckResult:
       none (``verdicts`` says which variable).
     * ``hypotheses_unmet``: some of ``hypotheses`` do not hold on the instances run,
       so the measurements decide nothing about the theorem.
+    * ``vacuous``: the checks found no violation, but ``negative_control`` (a broken
+      algorithm or violated hypothesis) did not violate the claim either: the bound
+      does not tell the algorithm from a broken one on the instances run.
+    * ``loose``: holds with a violated control, but the bound is more than
+      :data:`theory_checks.controls.LOOSE_FACTOR` times the error at every point.
+    * ``undecidable``: no experiment can decide the claim (the argument is in
+      ``evidence`` and ``docs/theory_checks.md``).
+
+    ``negative_control`` is the control's measurement (required for a "holds");
+    ``slack`` the constant and the error / bound ratio at the largest budget.
 
     ``hypotheses`` are the theorem's hypotheses as measured; ``verdicts`` the verdict
     of every fitted exponent.  ``evidence`` is one line for the report's table;
@@ -163,6 +204,8 @@ class CheckResult:
     details: dict[str, Any] = field(default_factory=dict)
     hypotheses: tuple[Hypothesis, ...] = ()
     verdicts: dict[str, RateVerdict] = field(default_factory=dict)
+    negative_control: NegativeControl | None = None
+    slack: dict[str, Any] = field(default_factory=dict)
 
     def unmet(self) -> list[Hypothesis]:
         """The hypotheses that do not hold."""

@@ -36,6 +36,7 @@ from typing import Iterator
 import numpy as np
 
 from theory_checks.bounds import lemma1_separation, lower_bound
+from theory_checks.controls import margin_control
 from theory_checks.statements import instances
 from theory_checks.statements.lemmas import (
     curvature_range,
@@ -58,9 +59,11 @@ from theory_checks.statements.search import (
     simpler_values,
     with_value,
 )
-from theory_checks.types import CheckResult
+from theory_checks.types import CheckResult, NegativeControl
 
 _SEARCH: dict[str, tuple[int, int]] = {"quick": (8, 250), "full": (80, 500)}  # (batches, batch size)
+# Instances of each negative control (whatever the budget).
+_CONTROL_INSTANCES = 300
 
 
 def _search(budget: Budget, sample, margin, candidates, seed: int, valid) -> SearchOutcome:
@@ -213,11 +216,15 @@ def check_lemma1_max(budget: Budget = "quick", seed: int = 0) -> CheckResult:
 def thresholded_moments(instance: Instance) -> dict[str, np.ndarray]:
     """For ``z`` on ``values[B, m, d]`` with ``probabilities[B, m]`` and the clipped
     ``y = z`` if ``||z - v|| <= tau`` else ``v`` (``v = centre``, ``tau = radius``):
-    ``var_z``, ``var_y``, ``second_y = E||y - v||^2``, ``second_z = E||z - v||^2``."""
+    ``var_z``, ``var_y``, ``second_y = E||y - v||^2``, ``second_z = E||z - v||^2``.
+    A control's broken clipping sends the points outside to ``instance["target"]``
+    instead of ``v`` (:func:`instances.misclipped_distributions`); the moments stay
+    about ``v``."""
     values, weights, centre, radius = (instance[k] for k in ("values", "probabilities", "centre", "radius"))
+    target = instance.get("target", centre)
     offset = values - centre[:, None, :]
     inside = np.linalg.norm(offset, axis=-1) <= radius[:, None]
-    clipped = np.where(inside[..., None], values, centre[:, None, :])
+    clipped = np.where(inside[..., None], values, target[:, None, :])
 
     def variance(points: np.ndarray) -> np.ndarray:
         mean = np.einsum("bm,bmd->bd", weights, points)
@@ -295,6 +302,20 @@ def check_var_y_le_var_z(budget: Budget = "quick", seed: int = 0) -> CheckResult
     return _fails("var-y-le-var-z", outcome, example, evidence, {})
 
 
+def second_moment_control(seed: int) -> NegativeControl:
+    """The corrected chain with a broken clipping: :func:`instances.misclipped_distributions`
+    sends the points outside the ball to a target ``2.5 tau`` or more from ``v`` instead
+    of to ``v`` (the hypothesis: ``y`` is the clipped point *at v*).  Every atom lies
+    within ``2 tau`` of ``v`` and one lies outside, so ``E||y - v||^2 - E||z - v||^2 >=
+    p_out (2.5^2 - 2^2) tau^2 > 0``: the second gap's margin is below ``-2.25 p_out``."""
+    rng = instances.control_rng(seed)
+    batches = [instances.misclipped_distributions(rng, _CONTROL_INSTANCES // 3, atoms, dim)
+               for atoms, dim in ((2, 1), (3, 2), (5, 3))]
+    margins = np.concatenate([second_moment_margins(batch).ravel() for batch in batches])
+    return margin_control("outside points clipped to a point 2.5 tau or more from v, not to v", margins,
+                          "gap / tau^2", TOLERANCE)
+
+
 @register(
     "var-y-le-second-moment",
     "A.1, proof of Lemma 4 (corrected)",
@@ -303,9 +324,10 @@ def check_var_y_le_var_z(budget: Budget = "quick", seed: int = 0) -> CheckResult
 )
 def check_var_y_le_second_moment(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     batches, size = _SEARCH[budget]
-    rng = np.random.default_rng(statement_seed(303, seed))
+    stream = statement_seed(303, seed)
+    rng = np.random.default_rng(stream)
     margins = np.concatenate([second_moment_margins(_sample_thresholded(rng, size)).ravel() for _ in range(batches)])
-    return exact_verdict("var-y-le-second-moment", margins, what="gap / tau^2")
+    return exact_verdict("var-y-le-second-moment", margins, what="gap / tau^2", control=second_moment_control(stream))
 
 
 # ------------------------------------------------------------ Thm 3.2's constant (A.2)
@@ -380,6 +402,35 @@ def two_point_constant_check(name: str, stream: int, budget: Budget) -> CheckRes
     return _fails(name, outcome, example, evidence, {})
 
 
+#: Below this ``Delta / sigma`` the corrected bound fails on the two-point
+#: construction: error / bound ``= 8 / (sqrt(1 + 4 sigma^2/Delta^2) + 1)^2`` increases in
+#: ``Delta / sigma`` and is 1 at ``Delta / sigma = 2 / sqrt((2 sqrt 2 - 1)^2 - 1) ~ 1.307``,
+#: inside ``Delta^2 < 2 sigma^2`` (``Delta / sigma < 1.414``).
+BREAK_SEPARATION = 2.0 / np.sqrt((2.0 * np.sqrt(2.0) - 1.0) ** 2 - 1.0)
+
+# The control's largest Delta / sigma: safely below BREAK_SEPARATION.
+_CONTROL_SEPARATION = 1.2
+
+
+def sample_two_point_outside_regime(rng: np.random.Generator, size: int) -> Instance:
+    """``(sigma, Delta)`` outside Thm 3.2's regime ``Delta^2 >= 2 sigma^2``: ``Delta /
+    sigma`` log-uniform in ``(0.01, 1.2)``, below :data:`BREAK_SEPARATION`, where the
+    error ``(S - Delta)^2 / 16`` is below ``sigma^4 / (8 Delta^2)`` (their ratio tends to
+    ``2 Delta^2 / sigma^2 -> 0`` as ``Delta -> 0``)."""
+    sigma = 10.0 ** rng.uniform(-2.0, 2.0, size)
+    return {"sigma": sigma,
+            "separation": sigma * 10.0 ** rng.uniform(-2.0, np.log10(_CONTROL_SEPARATION), size)}
+
+
+def thm32_corrected_control(seed: int) -> NegativeControl:
+    """The corrected constant 1/8 outside the regime ``Delta^2 >= 2 sigma^2``
+    (:func:`sample_two_point_outside_regime`): every margin is below ``8 / (sqrt(1 + 4 /
+    1.2^2) + 1)^2 - 1 ~ -0.077``."""
+    batch = sample_two_point_outside_regime(instances.control_rng(seed), _CONTROL_INSTANCES)
+    return margin_control("Delta^2 < 2 sigma^2 (Delta / sigma < 1.2), outside the theorem's regime",
+                          two_point_margin(batch, 0.125), "(error - sigma^4/(8 Delta^2)) / bound", TOLERANCE)
+
+
 @register(
     "thm3.2-corrected",
     "Theorem 3.2, proof in A.2 (corrected)",
@@ -389,9 +440,10 @@ def two_point_constant_check(name: str, stream: int, budget: Budget) -> CheckRes
 )
 def check_thm32_corrected(budget: Budget = "quick", seed: int = 0) -> CheckResult:
     batches, size = _SEARCH[budget]
-    rng = np.random.default_rng(statement_seed(305, seed))
+    stream = statement_seed(305, seed)
+    rng = np.random.default_rng(stream)
     samples = [_sample_two_point(rng, size) for _ in range(batches)]
     boundary = {"sigma": np.array([1.0, 0.1, 3.0]), "separation": np.sqrt(2.0) * np.array([1.0, 0.1, 3.0])}
     margins = np.concatenate([two_point_margin(batch, 0.125) for batch in [*samples, boundary]])
     return exact_verdict("thm3.2-corrected", margins, what="(error - sigma^4/(8 Delta^2)) / bound",
-                         tolerance=TOLERANCE)
+                         tolerance=TOLERANCE, control=thm32_corrected_control(stream))

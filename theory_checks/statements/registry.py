@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from theory_checks.controls import finalised
 from theory_checks.types import CheckResult
 
 Kind = Literal["exact", "up_to_constant", "false_as_printed", "corrected"]
@@ -39,7 +40,9 @@ class Statement:
             a hidden constant: fit it and the scaling exponents), ``false_as_printed``
             (the check must find a counterexample) or ``corrected`` (our fix of a false
             statement; must hold).
-        check: runs the check within ``budget`` on the instances of ``seed``.
+        check: runs the check within ``budget`` on the instances of ``seed``; its
+            result's status is already decided by its negative control
+            (:func:`theory_checks.controls.finalised`).
         provenance: for a false statement, the step of the paper's proof where it
             goes wrong and what holds instead.
     """
@@ -57,14 +60,21 @@ STATEMENTS: dict[str, Statement] = {}
 
 def register(name: str, source: str, claim: str, kind: Kind, provenance: str = "") -> Callable[[Check], Check]:
     """Decorator: ``@register("lemma7", "Lemma 7, eq. (124)", "...", "exact")`` on a
-    ``check(budget, seed) -> CheckResult`` adds it to :data:`STATEMENTS`."""
+    ``check(budget, seed) -> CheckResult`` adds it to :data:`STATEMENTS`, with the
+    result's status decided by its negative control (:func:`theory_checks.controls.finalised`:
+    a "holds" without a violated control is reported ``vacuous``).  The decorated
+    function itself is returned unchanged."""
     if kind == "false_as_printed" and not provenance:
         raise ValueError(f"statement {name!r} is false as printed: say where the proof goes wrong (provenance)")
 
     def add(check: Check) -> Check:
         if name in STATEMENTS:
             raise ValueError(f"statement {name!r} is registered twice")
-        STATEMENTS[name] = Statement(name, source, claim, kind, check, provenance)
+        def decided(budget: Budget, seed: int = 0) -> CheckResult:
+            return finalised(check(budget, seed))
+
+        decided.__doc__ = check.__doc__
+        STATEMENTS[name] = Statement(name, source, claim, kind, decided, provenance)
         return check
 
     return add

@@ -13,12 +13,13 @@ writings), so it never cycles (and stops after ``max_steps`` in any case).  Ever
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from theory_checks.types import CheckResult
+from theory_checks.types import CheckResult, NegativeControl
 
 Instance = dict[str, np.ndarray]
 Margin = Callable[[Instance], np.ndarray]
@@ -211,20 +212,29 @@ def exact_verdict(
     tolerance: float = TOLERANCE,
     what: str = "relative margin",
     details: dict[str, Any] | None = None,
+    control: NegativeControl | None = None,
 ) -> CheckResult:
     """The verdict of an exact claim from its margins: ``holds`` with the smallest
     margin seen, or ``fails`` with the most violating instance as the counterexample
-    (``describe(index)`` gives its inputs and the claim's two sides)."""
+    (``describe(index)`` gives its inputs and the claim's two sides).  ``control``
+    (:func:`theory_checks.controls.margin_control`) is the claim on instances breaking
+    a hypothesis; it is attached with the real instances' smallest margin beside it."""
     margins = np.asarray(margins, float).ravel()
     worst = int(np.argmin(margins))
+    if control is not None:
+        control = dataclasses.replace(control, real=float(margins[worst]))
     if margins[worst] >= -tolerance:
+        evidence = f"{margins.size} instances, smallest {what} {margins[worst]:.3g}"
+        if control is not None:
+            evidence += f"; control ({control.description}): {control.ratio:.3g}"
         return CheckResult(
             statement,
             "holds",
             instances=int(margins.size),
             worst_slack=float(margins[worst]),
-            evidence=f"{margins.size} instances, smallest {what} {margins[worst]:.3g}",
+            evidence=evidence,
             details=dict(details or {}),
+            negative_control=control,
         )
     counterexample: dict[str, Any] = {"margin": float(margins[worst])}
     if describe is not None:
@@ -238,6 +248,7 @@ def exact_verdict(
         counterexample=counterexample,
         evidence=f"violated on {violated} of {margins.size} instances ({what} down to {margins[worst]:.3g})",
         details=dict(details or {}),
+        negative_control=control,
     )
 
 
