@@ -18,6 +18,7 @@ from typing import Any
 
 from robust_pfl.engine.progress import progress_bar
 from robust_pfl.engine.results import atomic_write_text, write_summary
+from theory_checks.controls import LOOSE_FACTOR
 from theory_checks.fitting import LEVEL
 from theory_checks.report_figures import plot_scaling
 from theory_checks.statements import registry
@@ -50,15 +51,27 @@ def contradiction_note(kind: Kind, result: CheckResult) -> str:
 
 
 STATUS_TEXT = {"holds": "holds", "fails": "FAILS", "inconclusive": "inconclusive",
-               "hypotheses_unmet": "hypotheses unmet"}
+               "hypotheses_unmet": "hypotheses unmet", "vacuous": "VACUOUS", "loose": "holds, loose"}
 
 
 def status_text(result: CheckResult) -> str:
-    """``holds`` / ``holds with constant C = ...`` / ``FAILS`` / ``inconclusive`` /
-    ``hypotheses unmet`` (a failed or undecided rate has no constant)."""
+    """``holds`` / ``holds with constant C = ...`` / ``holds, loose`` / ``VACUOUS`` /
+    ``FAILS`` / ``inconclusive`` / ``hypotheses unmet`` (a failed or undecided rate has
+    no constant)."""
     if result.status == "holds_with_constant":
         return "holds with constant" + ("" if result.constant is None else f" C = {result.constant.value:.3g}")
     return STATUS_TEXT[result.status]
+
+
+def control_text(result: CheckResult) -> str:
+    """The table's control cell: what was broken, its statistic beside the real run's,
+    and whether it violated the claim (``-`` when the check ran none)."""
+    control = result.negative_control
+    if control is None:
+        return "-"
+    real = "" if control.real is None else f" (real run: {control.real:.3g})"
+    verdict = "violated" if control.violated else "NOT violated"
+    return f"{control.description}: {control.statistic} {control.ratio:.3g}{real}; {verdict}"
 
 
 def legend() -> list[str]:
@@ -67,16 +80,28 @@ def legend() -> list[str]:
         "**How to read this report.** A status is what the checks found on the instances they ran, not a proof.",
         "",
         f"- **holds**: an `exact` or `corrected` statement that no instance tried violated by more than a relative "
-        f"margin of {TOLERANCE:g} (margins of a few 1e-15 below 0 are rounding).",
+        f"margin of {TOLERANCE:g} (margins of a few 1e-15 below 0 are rounding), and whose negative control "
+        "violated it.",
         "- **holds with constant C**: a rate (`up_to_constant`) whose hypotheses hold on the instances run and "
-        f"whose every fitted exponent meets the claim, within {EXPONENT_TOLERANCE:g} or faster; `C` is the "
-        "smallest constant over those instances (finite data always admit one: the exponents decide).",
+        f"whose every fitted exponent meets the claim, within {EXPONENT_TOLERANCE:g} or faster, and whose negative "
+        "control violated it; `C` is the smallest constant over those instances (finite data always admit one: "
+        "the exponents decide).",
+        f"- **holds, loose**: holds, but the bound (constant 1) is over {LOOSE_FACTOR:g}x the error at every point "
+        "measured: true there, and uninformative.",
+        "- **VACUOUS**: no violation found, but the negative control was not found violating either: the bound "
+        "does not tell the algorithm from a broken one on these instances, so the check is no evidence.",
         "- **FAILS**: an exact statement violated; a `false_as_printed` statement's counterexample found; or a "
         "rate whose error / bound ratio grows without limit along a family meeting every hypothesis (the family "
         "is under Counterexamples).",
         "- **inconclusive**: a rate whose exponent interval holds both the claimed decay and no decay.",
         "- **hypotheses unmet**: the theorem's hypotheses fail on the instances run (which, and the measured "
         "values, are under Hypotheses), so they decide nothing about it.",
+        "",
+        "**Negative controls.** Every check that can hold runs, on the same instances, a broken algorithm (no "
+        "clustering, a frozen model, a step that ignores the threshold) or a violated hypothesis, chosen so that a "
+        "true statement must be violated by it, and judges it by the check's own rule; the table shows its "
+        "statistic beside the real run's. A rate's claimed exponent is that of its bound's slowest-decaying term, "
+        "the one it behaves as for large values of the swept variable.",
         "",
         f"Exponents are fitted to the mean error over the repeats (the expectation the rates bound) with a "
         f"{LEVEL:.0%} bootstrap interval over the repeats (widened by Student's quantile for few repeats). "
@@ -143,8 +168,8 @@ def render_report(
         "",
         *legend(),
         "",
-        "| statement | source | kind | status | evidence | flag |",
-        "|---|---|---|---|---|---|",
+        "| statement | source | kind | status | evidence | negative control | flag |",
+        "|---|---|---|---|---|---|---|",
     ]
     if not results:
         lines = lines[:-2] + ["No statement is registered."]
@@ -154,7 +179,7 @@ def render_report(
             "| " + " | ".join(
                 cell(text) for text in (
                     name, statement.source, statement.kind, status_text(result), evidence_text(result),
-                    contradiction_note(statement.kind, result),
+                    control_text(result), contradiction_note(statement.kind, result),
                 )
             ) + " |"
         )

@@ -49,7 +49,9 @@ and under which the family breaks eq. (14).  From a deterministic start within
 from a uniformly random member of cluster 0, the two-point sweep's error taken exactly
 in expectation over that start; ``"deterministic"``: every sweep from ``E z_0 + sigma
 u``, the two-point sweep from the bulk) and measures the theorem's hypotheses on the
-instances run.
+instances run.  The negative control is no clustering at all (the mean of both
+clusters' points) on the ``separation_gaussian`` sweep's points: its error grows like
+``Delta^2`` where eq. (14) decays.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from torch import Tensor
 
 from defenses.threshold_clustering import threshold_clustering
 from theory_checks import bounds
+from theory_checks.controls import rate_control
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
 from theory_checks.types import Hypothesis
 
@@ -133,15 +136,19 @@ def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = N
         start: Start = lambda points, n, truth: _random_member(points, n, generator)  # noqa: E731
     else:
         start = lambda points, n, truth: truth + SIGMA * direction  # noqa: E731
+    separation, unclustered = _gaussian_separation_sweep(chosen, generator, start)
     sweeps = [
         _size_sweep(chosen, generator, start),
         _byzantine_sweep(chosen, direction, generator, start),
-        _gaussian_separation_sweep(chosen, generator, start),
+        separation,
         _two_point_sweep(chosen, generator, reading),
     ]
+    control = rate_control(UNCLUSTERED, separation.values, unclustered, separation.rhs, separation.claimed,
+                           variable=separation.variable, seed=seed,
+                           real_ratio=float(separation.errors[-1].mean() / separation.rhs[-1]))
     findings = {"two_point_random_start": two_point_random_start(chosen.random_start_family, seed=seed)}
     settings = {"sigma": SIGMA, "clusters": CLUSTERS, "reading": reading, **asdict(chosen), "seed": seed}
-    return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading))
+    return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading), control)
 
 
 def clustering_hypotheses(sizes: ClusteringSizes, reading: Reading) -> tuple[Hypothesis, ...]:
@@ -246,18 +253,27 @@ def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch
     return Sweep("beta", tuple(betas), torch.stack(errors).numpy(), tuple(rhs), 1.0)
 
 
-def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator, start: Start) -> Sweep:
+def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator,
+                               start: Start) -> tuple[Sweep, np.ndarray]:
+    """The sweep, and its negative control on the same points: no clustering, the mean
+    of every point of both clusters (``[levels, repeats]`` squared errors, about
+    ``(Delta / 2)^2``)."""
     n, fraction = sizes.gaussian_cluster_size, 1.0 / CLUSTERS
-    errors = []
+    errors, unclustered = [], []
     for separation in sizes.gaussian_separations:
         tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
         rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
         points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
         truth = points.new_zeros(sizes.repeats, sizes.dim)
         errors.append(clustering_errors(points, start(points, n, truth), truth, tau, rounds))
+        unclustered.append((points.mean(1) - truth).square().sum(-1))
     rhs = bounds.clustering_error(SIGMA, np.array(sizes.gaussian_separations), n)
-    return Sweep("separation_gaussian", tuple(sizes.gaussian_separations), torch.stack(errors).numpy(),
-                 tuple(rhs), -1.0)
+    sweep = Sweep("separation_gaussian", tuple(sizes.gaussian_separations), torch.stack(errors).numpy(),
+                  tuple(rhs), -1.0)
+    return sweep, torch.stack(unclustered).numpy()
+
+
+UNCLUSTERED = "no clustering (the mean of both clusters' points), on the separation_gaussian sweep's points"
 
 
 @dataclass(frozen=True)

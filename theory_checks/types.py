@@ -155,8 +155,7 @@ class NegativeControl:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-Status = Literal["holds", "holds_with_constant", "loose", "vacuous", "undecidable", "fails", "inconclusive",
-                 "hypotheses_unmet"]
+Status = Literal["holds", "holds_with_constant", "loose", "vacuous", "fails", "inconclusive", "hypotheses_unmet"]
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,6 @@ class CheckResult:
       does not tell the algorithm from a broken one on the instances run.
     * ``loose``: holds with a violated control, but the bound is more than
       :data:`theory_checks.controls.LOOSE_FACTOR` times the error at every point.
-    * ``undecidable``: no experiment can decide the claim (the argument is in
-      ``evidence`` and ``docs/theory_checks.md``).
 
     ``negative_control`` is the control's measurement (required for a "holds");
     ``slack`` the constant and the error / bound ratio at the largest budget.

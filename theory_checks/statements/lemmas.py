@@ -263,8 +263,9 @@ def lemma1_a_control(seed: int) -> NegativeControl:
     ``xbar*`` itself ``A`` is infinite: ``grad fbar = 0`` while some ``grad f_i != 0``)."""
     batches = [{**batch, "point": near_cluster_optimum(batch)} for batch in _mislabelled_batches(seed)]
     margins = np.concatenate([assumption4_margin_at_point(batch) for batch in batches])
+    # eq. (16)'s ratio at one x bounds A below, so this margin bounds the exact one above
     return margin_control("a client of cluster 0 with another cluster's optimum (no shared optimum)", margins,
-                          ASSUMPTION4_MARGIN, TOLERANCE)
+                          ASSUMPTION4_MARGIN, TOLERANCE, details={"A": "eq. (16)'s ratio at xbar* + r w"})
 
 
 def lemma1_pair_control(seed: int) -> NegativeControl:
@@ -275,9 +276,9 @@ def lemma1_pair_control(seed: int) -> NegativeControl:
     ``-1/2``.  The proof's step ``||grad f_i(x)|| >= mu ||x - x_i*||`` needs ``grad
     f_i(x_i*) = 0``, which the mislabelled client breaks."""
     margins = np.concatenate([pair_margin_at_point(batch) for batch in _mislabelled_batches(seed)])
+    # the gap at one x bounds its minimum over x above
     return margin_control("a client of cluster 0 with another cluster's optimum (no shared optimum)", margins,
-                          PAIR_MARGIN, TOLERANCE)
-
+                          PAIR_MARGIN, TOLERANCE, details={"x": "x_k*, the mislabelled client's optimum"})
 
 
 @register(
