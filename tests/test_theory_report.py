@@ -116,11 +116,11 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_table_has_one_row_per_statement_with_six_cells(report):
+def test_table_has_one_row_per_statement_with_seven_cells(report):
     _, _, text = report
     rows = table_rows(text)
     assert list(rows) == MAIN_SET  # registry order
-    assert all(len(cells) == 6 for cells in rows.values())  # the pipe in an evidence line is escaped
+    assert all(len(cells) == 7 for cells in rows.values())  # the pipe in an evidence line is escaped
     assert "a \\| pipe in the evidence" in text
 
 
@@ -136,8 +136,10 @@ def test_statuses_are_written_out(report):
 
 def test_legend_precedes_the_table_and_names_every_status_and_tolerance(report):
     head = report[2].split("| statement |")[0]
-    for status in ("**holds**", "**holds with constant C**", "**FAILS**", "**inconclusive**", "**hypotheses unmet**"):
+    for status in ("**holds**", "**holds with constant C**", "**holds, loose**", "**VACUOUS**", "**FAILS**",
+                   "**inconclusive**", "**hypotheses unmet**"):
         assert status in head
+    assert "**Negative controls.**" in head
     assert "1e-09" in head and "0.05" in head and "mean error over the repeats" in head
 
 
@@ -151,7 +153,7 @@ def test_evidence_names_instances_slack_constant_and_counterexample(report):
 def test_exactly_the_contradictions_are_flagged(report):
     _, summary, text = report
     rows = table_rows(text)
-    flagged = {name for name, cells in rows.items() if "CONTRADICTS KIND" in cells[5]}
+    flagged = {name for name, cells in rows.items() if "CONTRADICTS KIND" in cells[6]}
     assert flagged == {"exact-fails", "false-holds"}
     assert set(summary["contradictions"]) == flagged
 
@@ -327,3 +329,17 @@ def test_cli_only_and_seeds(tmp_path, monkeypatch, capsys):
     assert cli.main(["theory", "report", "--only", "nosuch", "--out", str(tmp_path)]) == 2
     assert "unknown statements ['nosuch']; registered: ['exact-holds', 'scaling']" in capsys.readouterr().err
     assert cli.main(["theory", "report", "--seeds", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_the_control_cell_shows_the_control_beside_the_real_run_and_its_verdict():
+    from theory_checks.report import control_text, status_text
+    from theory_checks.types import CheckResult, NegativeControl
+
+    control = NegativeControl("a frozen model", 12.5, True, "error / bound at the largest T", real=0.9)
+    assert control_text(CheckResult("x", "holds", negative_control=control)) == (
+        "a frozen model: error / bound at the largest T 12.5 (real run: 0.9); violated")
+    quiet = NegativeControl("a frozen model", 0.4, False, "error / bound at the largest T")
+    assert control_text(CheckResult("x", "vacuous", negative_control=quiet)).endswith("; NOT violated")
+    assert control_text(CheckResult("x", "fails")) == "-"
+    assert status_text(CheckResult("x", "vacuous")) == "VACUOUS"
+    assert status_text(CheckResult("x", "loose")) == "holds, loose"

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from theory_checks.fitting import fit_mean_power_law
-from theory_checks.types import CheckResult, NegativeControl
+from theory_checks.types import CheckResult, NegativeControl, PowerLaw
 from theory_checks.verdicts import rate_verdict
 
 #: A holding bound more than this many times the error at every point is ``loose``.
@@ -52,13 +52,32 @@ def rate_control(description: str, values: Any, errors: np.ndarray, rhs: Any, cl
     violated when its error / bound ratio grows without limit along ``variable``."""
     errors = np.asarray(errors, float)
     law = fit_mean_power_law(values, errors, seed=seed)
+    means = errors.mean(axis=1)
+    return _judged(description, law, means, rhs, claimed, variable, real_ratio, bounded)
+
+
+def _judged(description: str, law: PowerLaw, means: np.ndarray, rhs: Any, claimed: float, variable: str,
+            real_ratio: float | None, bounded: bool) -> NegativeControl:
     verdict = rate_verdict(law, claimed, bounded)
-    ratios = errors.mean(axis=1) / np.asarray(rhs, float)
+    ratios = np.asarray(means, float) / np.asarray(rhs, float)
     return NegativeControl(description, float(ratios[-1]), verdict.verdict == "fails",
                            statistic=f"error / bound at the largest {variable}", real=real_ratio,
                            details={"variable": variable, "exponent": law.exponent, "interval": [law.low, law.high],
                                     "claimed": claimed, "verdict": verdict.verdict, "direction": verdict.direction,
+                                    "bounded": bounded, "means": [float(m) for m in means],
                                     "ratios": [float(r) for r in ratios]})
+
+
+def control_against(control: NegativeControl, rhs: Any, claimed: float, real_ratio: float | None = None
+                    ) -> NegativeControl:
+    """A rate control (:func:`rate_control`) judged again against another bound: the
+    right-hand sides ``rhs`` and ``claimed`` exponent along the same variable (the
+    measurements and their fitted exponent kept)."""
+    details = control.details
+    low, high = details["interval"]
+    law = PowerLaw(details["exponent"], low, high, 1.0)
+    return _judged(control.description, law, np.asarray(details["means"]), rhs, claimed, details["variable"],
+                   real_ratio, details["bounded"])
 
 
 def ratio_slack(ratios: list[float] | np.ndarray, at_largest: float, where: str = "") -> dict[str, Any]:

@@ -5,12 +5,13 @@ errors, one power law per swept variable fitted to the mean over the repeats
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Sequence
 
 import numpy as np
 
 from theory_checks.bounds import fit_constant
+from theory_checks.controls import control_against
 from theory_checks.fitting import fit_mean_power_law
 from theory_checks.types import FittedConstant, Hypothesis, NegativeControl, PowerLaw
 from theory_checks.verdicts import rate_verdict
@@ -93,6 +94,29 @@ def assemble(theorem: str, sweeps: Sequence[Sweep], settings: dict[str, Any], se
     constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
     return ScalingStudy(theorem, rows, laws, {s.variable: s.claimed for s in sweeps}, constant, table,
                         settings, findings or {}, tuple(hypotheses), control)
+
+
+def rejudged(study: ScalingStudy, variable: str, rhs: Sequence[float], claimed: float) -> ScalingStudy:
+    """``study`` against another bound along ``variable``: right-hand sides ``rhs`` (one
+    per swept value) and ``claimed`` exponent; the measurements and fitted exponents
+    are kept, the constant is refitted and a rate control along ``variable`` is judged
+    again (:func:`theory_checks.controls.control_against`).  What the mutation tests
+    perturb: a checker whose verdict did not move with its bound would not be checking
+    the bound."""
+    rhs = [float(value) for value in rhs]
+    positions = [index for index, entry in enumerate(study.claimed_rhs) if entry["variable"] == variable]
+    if len(positions) != len(rhs):
+        raise ValueError(f"{variable!r} has {len(positions)} swept values, got {len(rhs)} right-hand sides")
+    table = [dict(entry) for entry in study.claimed_rhs]
+    for index, value in zip(positions, rhs):
+        table[index]["rhs"] = value
+    constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
+    control = study.control
+    if control is not None and control.details.get("variable") == variable:
+        last = table[positions[-1]]
+        control = control_against(control, rhs, claimed, real_ratio=last["mean_error"] / last["rhs"])
+    return replace(study, claimed={**study.claimed, variable: claimed}, constant=constant, claimed_rhs=table,
+                   control=control)
 
 
 def describe_laws(laws: dict[str, PowerLaw], claimed: dict[str, float], bounded: frozenset[str] = frozenset()) -> str:

@@ -183,7 +183,7 @@ class SeparatedProblem:
     def frozen_error(self) -> float:
         """``||grad f_i(x_0)||^2 = sigmoid(s a)^2`` for an anchored client: the measured
         quantity of a model that never moves (the negative control), at every ``T``."""
-        return float(torch.sigmoid(torch.tensor(self.sizes.sharpness * self.sizes.anchor))) ** 2
+        return float(torch.sigmoid(torch.tensor(self.sizes.sharpness * self.sizes.anchor, dtype=torch.float64))) ** 2
 
     def base_error(self) -> float:
         """Thm 3.1's ``E = rho^2/n_i + rho^3/Delta`` at the nominal separation."""
