@@ -140,7 +140,8 @@ def separated_rate_study(method: Method, budget: Budget = "quick", sizes: Separa
     findings = {"bound_slope_over_sweep": float(np.polyfit(np.log(horizons), np.log(rhs), 1)[0]),
                 "descent_term_share": [float(x) for x in descent_share],
                 "frozen_error": problem.frozen_error(),
-                "other_radii": _other_radii(problem, method, chosen, seed, float(rhs[-1]))}
+                # two more radii at the largest horizon: information, run on the full budget only
+                "other_radii": _other_radii(problem, method, chosen, seed, float(rhs[-1])) if budget == "full" else {}}
     return assemble(theorem, [sweep], settings, seed, findings, hypotheses, control=control)
 
 

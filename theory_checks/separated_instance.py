@@ -140,7 +140,7 @@ class SeparatedSizes:
 
 SEPARATED_BUDGETS: dict[str, SeparatedSizes] = {
     "quick": SeparatedSizes(),
-    "full": SeparatedSizes(horizons=(64, 128, 256, 512, 1024, 2048, 4096), repeats=6),
+    "full": SeparatedSizes(horizons=(64, 128, 256, 512, 1024, 2048), repeats=4),
 }
 CLUSTERS = 2
 #: The anchored cluster, whose clients every bound is checked on.

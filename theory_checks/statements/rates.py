@@ -204,12 +204,12 @@ def separated_note(study: ScalingStudy) -> str:
     options = study.settings["options"]
     share = study.findings["descent_term_share"]
     steps = ", ".join(f"{row['lr']:.3g}" for row in options)
-    rows = "; ".join(f"{name} radius: mean error {row['mean_error']:.3g} (ratio {row['ratio_to_bound']:.3g}) at "
-                     f"T = {row['T']}" for name, row in study.findings["other_radii"].items())
+    rows = "".join(f"; {name} radius: mean error {row['mean_error']:.3g} (ratio {row['ratio_to_bound']:.3g}) at "
+                   f"T = {row['T']}" for name, row in study.findings["other_radii"].items())
     return (f"{SEPARATED_NOTE}; F_0 = {study.settings['F0']:.3g}, eta = {steps} at T = "
             f"{', '.join(str(row['T']) for row in options)}; the L F_0 / T term is {share[0]:.0%} of the bound at "
             f"the smallest T and {share[-1]:.0%} at the largest; the frozen model's squared gradient is "
-            f"{study.findings['frozen_error']:.3g} at every T; {rows}")
+            f"{study.findings['frozen_error']:.3g} at every T{rows}")
 
 
 def separated_check(method: str, budget: Budget, seed: int) -> CheckResult:
