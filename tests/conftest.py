@@ -39,3 +39,14 @@ def call_path_attack():
     """The :class:`CallPathAttack` wrapper, for tests comparing engine shortcuts with
     the plain path."""
     return CallPathAttack
+
+
+@pytest.fixture(scope="session")
+def separated_mc_study():
+    """MC on the one-sided separated family (theory_checks.scaling_separated), four
+    horizons and two repeats: measured once, read by the family's tests and the
+    mutation tests."""
+    from theory_checks.scaling_separated import separated_rate_study
+    from theory_checks.separated_instance import SeparatedSizes
+
+    return separated_rate_study("mc", sizes=SeparatedSizes(horizons=(64, 128, 256, 512), repeats=2))

@@ -15,8 +15,6 @@ import pytest
 
 from theory_checks.controls import finalised, margin_control
 from theory_checks.scaling_common import rejudged
-from theory_checks.scaling_separated import separated_rate_study
-from theory_checks.separated_instance import SeparatedSizes
 from theory_checks.statements import instances
 from theory_checks.statements.clustering_steps import one_step_move_sides, one_round
 from theory_checks.statements.false_claims import two_point_margin
@@ -26,10 +24,10 @@ from theory_checks.statements.search import TOLERANCE, exact_verdict
 # -- a rate: Thm 3.4 on the one-sided separated family ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def mc_study():
-    """MC on the separated family, four horizons, two repeats (a few seconds)."""
-    return separated_rate_study("mc", sizes=SeparatedSizes(horizons=(64, 128, 256, 512), repeats=2))
+@pytest.fixture
+def mc_study(separated_mc_study):
+    """MC on the separated family, four horizons, two repeats (conftest)."""
+    return separated_mc_study
 
 
 def judged(study) -> str:

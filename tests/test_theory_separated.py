@@ -77,16 +77,14 @@ def test_the_anchored_cluster_starts_at_a_fixed_height_and_the_runner_far_up(met
         assert start[1] - eta * horizon >= sizes.margin  # the runner stays up its ramp for T rounds
 
 
-def test_thm34_on_the_separated_family_holds_with_a_violated_control():
+def test_thm34_on_the_separated_family_holds_with_a_violated_control(separated_mc_study):
     """On the family built for it (four horizons, two repeats here; the quick budget at
     seeds 0-4 in the slow test below) every hypothesis holds, the bound holds, and a
     frozen model violates it."""
     from theory_checks.controls import finalised
-    from theory_checks.scaling_separated import separated_rate_study
     from theory_checks.statements.rates import rate_result
 
-    study = separated_rate_study("mc", sizes=SeparatedSizes(horizons=(64, 128, 256, 512), repeats=2))
-    result = finalised(rate_result("thm3.4-separated", study))
+    result = finalised(rate_result("thm3.4-separated", separated_mc_study))
     assumption9 = next(h for h in result.hypotheses if h.name == "Assumption 9")
     assert assumption9.holds and all(hypothesis.holds for hypothesis in result.hypotheses)
     assert result.status == "holds_with_constant"
