@@ -88,7 +88,7 @@ class FedSPDSizes:
 
 FEDSPD_BUDGETS: dict[str, FedSPDSizes] = {
     "quick": FedSPDSizes(),
-    "full": FedSPDSizes(horizons=(32, 64, 128, 256, 512, 1024), repeats=8),
+    "full": FedSPDSizes(horizons=(32, 64, 128, 256, 512, 1024), repeats=24),
 }
 
 
