@@ -179,8 +179,7 @@ def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, 
     claimed = FLOOR_EXPONENT if floor else FREE_EXPONENT
     sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
     frozen = np.array([[run[0].gradient for run in runs] for _ in chosen.horizons])  # Omega never moves
-    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, real_ratio=float(errors[-1].mean() / rhs[-1]),
-                           seed=seed)
+    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, seed=seed)
     beta = lr * chosen.lam * clients / 2
     step = beta * 2 * math.sqrt(chosen.local_rounds * (chosen.local_rounds + 1)) * smoothness
     spread = _data_spread_within_clusters(quadratics, ids)

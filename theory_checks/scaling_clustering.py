@@ -144,8 +144,7 @@ def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = N
         _two_point_sweep(chosen, generator, reading),
     ]
     control = rate_control(UNCLUSTERED, separation.values, unclustered, separation.rhs, separation.claimed,
-                           variable=separation.variable, seed=seed,
-                           real_ratio=float(separation.errors[-1].mean() / separation.rhs[-1]))
+                           variable=separation.variable, seed=seed)
     findings = {"two_point_random_start": two_point_random_start(chosen.random_start_family, seed=seed)}
     settings = {"sigma": SIGMA, "clusters": CLUSTERS, "reading": reading, **asdict(chosen), "seed": seed}
     return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading), control)

@@ -113,8 +113,7 @@ def rejudged(study: ScalingStudy, variable: str, rhs: Sequence[float], claimed: 
     constant = fit_constant([t["mean_error"] for t in table], [t["rhs"] for t in table])
     control = study.control
     if control is not None and control.details.get("variable") == variable:
-        last = table[positions[-1]]
-        control = control_against(control, rhs, claimed, real_ratio=last["mean_error"] / last["rhs"])
+        control = control_against(control, rhs, claimed)
     return replace(study, claimed={**study.claimed, variable: claimed}, constant=constant, claimed_rhs=table,
                    control=control)
 

@@ -291,8 +291,7 @@ def fedspd_rate_study(budget: Budget = "quick", sizes: FedSPDSizes | None = None
     rhs = np.log(horizons) * (noise_term + start_term if reading == "printed" else start_term)
     claimed = float(np.polyfit(np.log(horizons), np.log(slowest), 1)[0])
     sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
-    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, real_ratio=float(errors[-1].mean() / rhs[-1]),
-                           seed=seed)
+    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, seed=seed)
     hypotheses = (
         Hypothesis("Assumption 5.1", "mu > 0 (each source's pooled risk strongly convex)", strong, 0.0, strong > 0,
                    f"L = {smooth:.3g}"),

@@ -216,9 +216,10 @@ def horizon_paths(horizon: int, paths: list[PathStatistics], clusters: np.ndarra
         return HorizonPaths(horizon, noise, separation)
     mean = np.mean([path.momenta for path in paths], axis=0)  # [T, H, d]: E m over the repeats
     if pooled:
-        members = clusters[:, None] == np.unique(clusters)[None, :]  # [H, K]
+        labels = np.unique(clusters)
+        members = clusters[:, None] == labels[None, :]  # [H, K]
         centres = np.einsum("thd,hk->tkd", mean, members) / members.sum(0)[None, :, None]
-        mean = centres[:, np.searchsorted(np.unique(clusters), clusters)]  # every client: its cluster's mean
+        mean = centres[:, np.searchsorted(labels, clusters)]  # every client: its cluster's mean
     gaps = np.linalg.norm(mean[:, :, None] - mean[:, None, :], axis=-1)  # [T, H, H]
     gaps = np.where(clusters[:, None] != clusters[None, :], gaps, np.inf).min(axis=(1, 2))  # [T]
     return HorizonPaths(horizon, noise, separation, float(gaps.min()), int(gaps.argmin()) + 1)

@@ -120,8 +120,7 @@ def separated_rate_study(method: Method, budget: Budget = "quick", sizes: Separa
     claimed = ASYMPTOTIC_EXPONENT
     sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
     frozen = np.full(errors.shape, problem.frozen_error())
-    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, real_ratio=float(errors[-1].mean() / rhs[-1]),
-                           seed=seed)
+    control = rate_control(FROZEN, horizons, frozen, rhs, claimed, seed=seed)
     settings = {**asdict(chosen), "method": method, "L": problem.smoothness, "sigma_sample": problem.sample_sigma,
                 "rho": problem.batch_sigma, "delta": problem.cluster_fraction, "F0": gap, "options": used,
                 "paths": [asdict(p) for p in paths], "seed": seed}

@@ -8,6 +8,7 @@ hypotheses fail reports ``hypotheses_unmet`` and which, instead of a verdict."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from theory_checks.scaling import ScalingStudy, clustering_study, describe_laws, fc_rate_study, mc_rate_study
@@ -38,15 +39,22 @@ def family_of(study: ScalingStudy, variable: str) -> dict[str, Any]:
     }
 
 
+def _ratio(entry: dict[str, Any]) -> float:
+    return entry["mean_error"] / entry["rhs"] if entry["rhs"] > 0 else float("inf")
+
+
+def largest_point(study: ScalingStudy, variable: str) -> dict[str, Any]:
+    """The row of ``study.claimed_rhs`` at the largest swept value of ``variable``."""
+    return max((entry for entry in study.claimed_rhs if entry["variable"] == variable), key=lambda entry: entry["x"])
+
+
 def study_slack(study: ScalingStudy) -> dict[str, Any]:
     """The bound's slack on the study (:func:`theory_checks.controls.ratio_slack`): every
     swept value's mean error / bound (constant 1), and the ratio at the largest value
     of the first swept variable."""
-    ratios = [entry["mean_error"] / entry["rhs"] if entry["rhs"] > 0 else float("inf") for entry in study.claimed_rhs]
     first = study.claimed_rhs[0]["variable"]
-    last = max((entry for entry in study.claimed_rhs if entry["variable"] == first), key=lambda entry: entry["x"])
-    at_largest = last["mean_error"] / last["rhs"] if last["rhs"] > 0 else float("inf")
-    return ratio_slack(ratios, at_largest, f"{first} = {last['x']:g}")
+    last = largest_point(study, first)
+    return ratio_slack([_ratio(entry) for entry in study.claimed_rhs], _ratio(last), f"{first} = {last['x']:g}")
 
 
 def rate_result(statement: str, study: ScalingStudy, note: str = "",
@@ -81,6 +89,8 @@ def rate_result(statement: str, study: ScalingStudy, note: str = "",
     elif status == "holds_with_constant":
         evidence += f"; constant C = {constant.value:.3g}"
     control = control if control is not None else study.control
+    if control is not None and control.real is None:  # the real run's ratio where the control's is read
+        control = dataclasses.replace(control, real=_ratio(largest_point(study, control.details["variable"])))
     slack = study_slack(study)
     if status == "holds_with_constant":
         evidence += f"; error / bound {slack['ratio_at_largest_budget']:.3g} at {slack['at']}"
