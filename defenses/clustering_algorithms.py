@@ -5,6 +5,7 @@ Momentum-Clustering (Alg. 4) and Myopic-Clustering (Alg. 1), all built on
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable, Literal
 
 import torch
@@ -12,6 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
+from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
 from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
 from robust_pfl.engine.rows import admissible_points, euclidean_distances
@@ -286,15 +288,35 @@ class CentreClusteringParams(ClusteringParams):
         "neighbours is at most the median, defenses.kmeans_init.dense_rows: an isolated far message, such as a "
         "large-gradient attacker's, seeds no centre)",
     )
-    reseed: Literal["never", "merged"] = Field(
+    reseed: Literal["never", "merged", "challenger"] = Field(
         "never",
         description="never: warm-started centres are kept whatever happens (Alg. 4 as printed); merged: when two "
         "centres end closer than merge_tolerance times the points' median distance to their nearest centre, or a "
-        "centre is nearest to no point, the round is clustered again from freshly seeded centres",
+        "centre is nearest to no point, the round is clustered again from freshly seeded centres; challenger: every "
+        "round a freshly seeded clustering challenges the warm-started one and replaces it when its trimmed cost "
+        "is lower by challenger_margin (defenses.centre_rules)",
     )
     merge_tolerance: float = Field(
         0.5, gt=0, description="reseed = merged: centres closer than this times the median point-to-centre distance "
         "count as merged",
+    )
+    challenger_margin: float = Field(
+        0.1, ge=0, lt=1, description="reseed = challenger: the fresh clustering replaces the warm-started one when "
+        "its trimmed cost is below (1 - challenger_margin) times the warm-started one's",
+    )
+    trim: int | None = Field(
+        None, ge=0, description="reseed = challenger: messages left out of the trimmed cost, the farthest from "
+        "their centres (default: the run's Byzantine count)",
+    )
+    centre_update: Literal["ball", "cell"] = Field(
+        "ball",
+        description="ball: each centre moves by its whole ball (Alg. 3; balls may overlap); cell: by the part of "
+        "its ball in its cell (the clients assigned to it last round, or nearest to it after a fresh seeding), so "
+        "that two centres never share a point",
+    )
+    switch_margin: float = Field(
+        0.0, ge=0, lt=1, description="a client assigned last round leaves its centre only for one at most "
+        "(1 - switch_margin) times as far (0: the nearest centre, Alg. 4)",
     )
 
 
@@ -323,6 +345,7 @@ class _ServerClustering(Algorithm):
         self.centres: Tensor | None = None
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
         self._init_rng = federation.rng(f"{self.name}-centres")
+        self._start_reseed_count(federation)
         # [N, d] buffers reused every round (fresh ones cost page faults): own
         # gradients, delivered messages, and the centre each client applies.
         self._buffers: dict[str, Tensor] = {}
@@ -352,10 +375,38 @@ class _ServerClustering(Algorithm):
             return centres
         return slot.copy_(centres)
 
+    def _start_reseed_count(self, federation: Federation) -> None:
+        """The run's re-seed count (:attr:`RoundRecord.reseeds`), the last round that
+        re-seeded, whether a run of consecutive re-seeds was warned of, and the
+        challenger's trim (``trim``, else the run's Byzantine count)."""
+        self.reseeds = 0
+        self._last_reseed: int | None = None
+        self._storm_warned = False
+        self.trim = int(federation.byzantine.sum()) if self.params.trim is None else self.params.trim
+
+    def _count_reseed(self, round_index: int, reseeded: bool) -> None:
+        """Count a re-seed; warn once per run when two consecutive rounds re-seed (a
+        storm: clients would get a different centre every round)."""
+        if not reseeded:
+            return
+        if self._last_reseed == round_index - 1 and not self._storm_warned:
+            warnings.warn(
+                f"{self.name}: the centres were re-seeded in consecutive rounds ({round_index} and "
+                f"{round_index + 1}); clients may be getting a different centre every round (reseed = "
+                f"{self.params.reseed!r}; docs/mc.md)", RuntimeWarning, stacklevel=3)
+            self._storm_warned = True
+        self.reseeds += 1
+        self._last_reseed = round_index
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         """Unpickling (a checkpoint) moves every buffer: the slots are keyed afresh by
-        the address of the buffer each lies just ahead of."""
+        the address of the buffer each lies just ahead of.  A checkpoint written before
+        re-seeds were counted resumes with the count at 0."""
         self.__dict__.update(state)
+        for name, value in (("reseeds", 0), ("_last_reseed", None), ("_storm_warned", False)):
+            self.__dict__.setdefault(name, value)
+        if "trim" not in self.__dict__:
+            self.trim = int(self.federation.byzantine.sum()) if self.params.trim is None else self.params.trim
         self._centre_slots = {
             slot.data_ptr() + slot.numel() * slot.element_size(): slot for slot in self._centre_slots.values()
         }
@@ -384,34 +435,59 @@ class _ServerClustering(Algorithm):
             pick = torch.randperm(pool.shape[0], generator=generator, device=generator.device)[: self.k]
         return pool[pick.to(pool.device)]
 
-    def _cluster(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """Alg. 3 from warm-started (or freshly seeded) centres, then nearest-centre
-        assignment: ``(centres[K, d], assignment[N])``."""
-        centres = self.centres
-        if centres is None or not self.params.warm_start:
-            centres = self._initial_centres(received, generator)
-        centres, nearest = self._threshold_clustering(received, centres)
-        if self.params.reseed == "merged" and collapsed(received, centres, nearest, self.params.merge_tolerance):
-            centres, nearest = self._threshold_clustering(received, self._initial_centres(received, generator))
-        return centres, nearest
+    def _cluster(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, bool]:
+        """Alg. 3 from warm-started (or freshly seeded) centres, then the assignment
+        (nearest centre, or :func:`~defenses.centre_rules.sticky_assignment`) and the
+        ``reseed`` rule: ``(centres[K, d], assignment[N], re-seeded)``."""
+        params = self.params
+        if self.centres is None or not params.warm_start:
+            centres, assignment = self._fresh_clustering(received, generator)
+            return centres, assignment, False
+        previous = self.assignment
+        centres, distances = self._threshold_clustering(
+            received, self.centres, previous if params.centre_update == "cell" else None)
+        assignment = sticky_assignment(distances, previous, params.switch_margin)
+        if params.reseed == "merged" and collapsed(received, centres, assignment, params.merge_tolerance):
+            centres, assignment = self._fresh_clustering(received, generator)
+            return centres, assignment, True
+        if params.reseed == "challenger":
+            fresh, fresh_distances = self._threshold_clustering(
+                received, self._initial_centres(received, generator), "nearest" if params.centre_update == "cell" else None)
+            fresh_assignment = fresh_distances.argmin(dim=-1)
+            incumbent_cost = trimmed_cost(distances, assignment, self.trim)
+            if trimmed_cost(fresh_distances, fresh_assignment, self.trim) < (1 - params.challenger_margin) * incumbent_cost:
+                order = relabelled(centres, fresh)
+                labels = torch.empty_like(order)
+                labels[order] = torch.arange(order.numel(), device=order.device)
+                return fresh[order], labels[fresh_assignment], True
+        return centres, assignment, False
 
-    def _threshold_clustering(self, received: Tensor, centres: Tensor) -> tuple[Tensor, Tensor]:
-        """Alg. 3 from ``centres``, then the nearest centre of every point (a point
-        infinitely far from all, inadmissible, gets centre 0)."""
-        method = self.params.distance_method(received)
+    def _fresh_clustering(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Alg. 3 from freshly seeded centres and the nearest-centre assignment."""
+        cells = "nearest" if self.params.centre_update == "cell" else None
+        centres, distances = self._threshold_clustering(received, self._initial_centres(received, generator), cells)
+        return centres, distances.argmin(dim=-1)
+
+    def _threshold_clustering(self, received: Tensor, centres: Tensor,
+                              cells: Tensor | str | None = None) -> tuple[Tensor, Tensor]:
+        """Alg. 3 from ``centres`` (each ball restricted to its cell with ``cells``),
+        then every point's distance to every final centre ``[N, K]`` (an
+        inadmissible point is infinitely far from all)."""
+        method = "direct" if cells is not None else self.params.distance_method(received)
         if method == "pairwise":
             centres = self._centres_in_slot(received, centres)
         result = threshold_clustering(
-            received, centres, self.policy, self.params.clustering_rounds, method=method, nearest=True
+            received, centres, self.policy, self.params.clustering_rounds, method=method, final_distances=True,
+            cells=cells,
         )
-        return result.centres, result.nearest
+        return result.centres, result.distances.transpose(0, 1)
 
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive
         attacks); uses a copy of the seeding generator, so probing changes nothing."""
         copy = torch.Generator(device=self._init_rng.device)
         copy.set_state(self._init_rng.get_state())
-        centres, assignment = self._cluster(messages, copy)
+        centres, assignment, _ = self._cluster(messages, copy)
         return centres[assignment]
 
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor | None:
@@ -428,7 +504,8 @@ class _ServerClustering(Algorithm):
             inplace=unread,
             out=None if unread else self._buffer("received"),
         )
-        self.centres, self.assignment = self._cluster(received, self._init_rng)
+        self.centres, self.assignment, reseeded = self._cluster(received, self._init_rng)
+        self._count_reseed(round_index, reseeded)
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.  The applied
         # rows (centres[assignment]) are gathered only for records that keep them.
@@ -437,24 +514,6 @@ class _ServerClustering(Algorithm):
 
     def client_models(self) -> Tensor:
         return self.models
-
-
-def collapsed(points: Tensor, centres: Tensor, nearest: Tensor, tolerance: float) -> bool:
-    """Whether warm-started centres have collapsed: two of them closer than
-    ``tolerance`` times the median distance of the admissible points to their nearest
-    centre, or a centre nearest to no admissible point.  Identical centres stay
-    identical under Threshold-Clustering (same ball, same update), so without a
-    re-seed a merge lasts for the rest of the run."""
-    admissible = admissible_points(points)
-    if centres.shape[0] < 2 or not bool(admissible.any()):
-        return False
-    counts = torch.bincount(nearest[admissible], minlength=centres.shape[0])
-    if bool((counts == 0).any()):
-        return True
-    own = euclidean_distances(points[admissible], centres).min(dim=-1).values
-    gaps = euclidean_distances(centres, centres)
-    gaps.fill_diagonal_(math.inf)
-    return bool(gaps.min() < tolerance * own.median())
 
 
 class MyopicParams(CentreClusteringParams):
@@ -488,6 +547,7 @@ class MyopicClustering(_ServerClustering):
             updates=self.kept(updates),
             centres=self.centres,
             assignment=self.assignment,
+            reseeds=self.reseeds,
         )
 
 
@@ -522,8 +582,15 @@ class MomentumClusteringParams(CentreClusteringParams, MomentumStartParams):
         "dense", description="which received vectors seed the centres (all: Alg. 4 as printed; dense: see "
         "CentreClusteringParams)",
     )
-    reseed: Literal["never", "merged"] = Field(
-        "merged", description="re-seed collapsed warm-started centres (never: Alg. 4 as printed; merged: see "
+    reseed: Literal["never", "merged", "challenger"] = Field(
+        "challenger", description="what replaces warm-started centres (never: Alg. 4 as printed; merged, "
+        "challenger: see CentreClusteringParams)",
+    )
+    centre_update: Literal["ball", "cell"] = Field(
+        "cell", description="how a centre moves (ball: Alg. 3; cell: see CentreClusteringParams)",
+    )
+    switch_margin: float = Field(
+        0.3, ge=0, lt=1, description="hysteresis of the assignment (0: nearest centre, Alg. 4; see "
         "CentreClusteringParams)",
     )
     bias_correction: bool = Field(
@@ -582,4 +649,5 @@ class MomentumClustering(_ServerClustering):
             updates=self.kept(updates),
             centres=self.centres,
             assignment=self.assignment,
+            reseeds=self.reseeds,
         )

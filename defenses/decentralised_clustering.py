@@ -347,7 +347,10 @@ class PFLTCParams(MomentumClusteringParams):
     # algorithm's seeding and momentum weight.
     alpha: float = Field(0.1, gt=0, le=1, description="momentum weight on the new gradient (Alg. 2, step 3)")
     seed_from: Literal["all", "dense"] = Field("all", description="which received vectors seed the centres")
-    reseed: Literal["never", "merged"] = Field("never", description="re-seed collapsed warm-started centres")
+    reseed: Literal["never", "merged", "challenger"] = Field(
+        "never", description="re-seed collapsed warm-started centres")
+    centre_update: Literal["ball", "cell"] = Field("ball", description="how a centre moves (ball: Alg. 3)")
+    switch_margin: float = Field(0.0, ge=0, lt=1, description="hysteresis of the assignment (0: nearest centre)")
     local_steps: int = Field(
         0, ge=0, description="m local SGD steps per round: 0 = Option 1 (send g_i(x_i), exactly mc); "
         "m > 0 = Option 2 (send (x - y^m) / eta)"

@@ -128,25 +128,26 @@ DENSITY_SAMPLE = 256
 
 def dense_rows(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
     """``[N]`` mask of the admissible rows of ``points[N, d]`` that lie in a dense part
-    of the cloud: whose distance to their ``m``-th nearest other row of a sample of at
-    most :data:`DENSITY_SAMPLE` admissible rows (seeded, all rows when there are no
-    more; ``m = ceil(S / (2k))``, half a cluster of the sample) is at most the median
-    of those distances.  A row far from every other one (a large-gradient Byzantine
-    message) is not dense, so seeding from the dense rows keeps isolated far points
-    from taking centres of their own; a tight group still counts.  ``O(N S d)``."""
+    of the cloud, judged within a seeded sample of at most :data:`DENSITY_SAMPLE`
+    admissible rows (all of them when there are no more): a sampled row is dense when
+    its distance to its ``m``-th nearest other sampled row (``m = ceil(S / (2k))``,
+    half a cluster of the sample) is at most the median of those distances; rows
+    outside the sample are not marked.  A row far from every other one (a
+    large-gradient Byzantine message) is not dense, so seeding from the dense rows
+    keeps isolated far points from taking centres of their own; a tight group still
+    counts.  ``O(S^2 d)`` whatever ``N``."""
     admissible = admissible_points(points)
     rows = admissible.nonzero().squeeze(-1)
     if rows.numel() <= k:
         return admissible
-    sample = rows
     if rows.numel() > DENSITY_SAMPLE:
         pick = torch.randperm(rows.numel(), generator=generator, device=generator.device)[:DENSITY_SAMPLE]
-        sample = rows[pick.to(rows.device)]
-    distances = euclidean_distances(points[rows].double(), points[sample].double())  # [R, S]
-    distances[rows.unsqueeze(1) == sample.unsqueeze(0)] = math.inf  # a row is not its own neighbour
-    m = max(1, math.ceil(sample.numel() / (2 * k)))
-    reach = distances.sort(dim=1).values[:, min(m, sample.numel() - 1) - 1]
+        rows = rows[pick.to(rows.device)]
+    sample = points[rows].double()
+    distances = euclidean_distances(sample, sample)  # [S, S]
+    distances.fill_diagonal_(math.inf)  # a row is not its own neighbour
+    m = max(1, math.ceil(rows.numel() / (2 * k)))
+    reach = distances.sort(dim=1).values[:, min(m, rows.numel() - 1) - 1]
     dense = torch.zeros_like(admissible)
     dense[rows[reach <= reach.median()]] = True
     return dense
-

@@ -111,6 +111,7 @@ def threshold_clustering(
     method: Method = "direct",
     final_distances: bool = False,
     nearest: bool = False,
+    cells: Tensor | Literal["nearest"] | None = None,
 ) -> ClusteringResult:
     """Run ``rounds`` rounds of Threshold-Clustering.
 
@@ -133,6 +134,13 @@ def threshold_clustering(
             ``"gram"`` and ``"pairwise"``).
         nearest: also return every point's nearest final centre (Alg. 4's
             assignment), from those distances.
+        cells: restrict each centre's ball to its cell (not in Alg. 3, whose balls
+            may overlap): ``"nearest"``, the points nearest to the centre in each
+            round (a trimmed Lloyd step with eq. 24's ``1/N`` weight), or ``[N]``
+            (``[B, N]``) indices of the centre each point may join (a fixed
+            assignment).  Two centres then never share a point, so correct centres
+            closer than their clusters' spread keep their own points instead of
+            drifting to one place.  ``method="direct"`` only.
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -140,12 +148,14 @@ def threshold_clustering(
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
     if points.dim() not in (2, 3):
         raise ValueError(f"points must be [N, d] or [B, N, d]; got {tuple(points.shape)}")
+    if cells is not None and method != "direct":
+        raise ValueError(f"cells: needs method='direct', got method={method!r}")
     policy = make_radius(radius)  # a policy (what the algorithms pass) is used as it is
     if points.dtype in WIDENED_DTYPES:
         # float16's squared norms overflow from ||z|| = 256: run in float32, round back
         wide = centres.float() if centres.is_floating_point() else centres
         result = threshold_clustering(points.float(), wide, policy, rounds, method=method,
-                                      final_distances=final_distances, nearest=nearest)
+                                      final_distances=final_distances, nearest=nearest, cells=cells)
         return _narrowed(result, points.dtype)
     batched = points.dim() == 3
     z = points if batched else points.unsqueeze(0)
@@ -177,7 +187,8 @@ def threshold_clustering(
     if pairwise is not None:
         result = ClusteringResult(*run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, False))
     elif products is None:
-        result = _run_direct(clean, start, admissible, norms.sqrt(), policy, rounds, final)
+        fixed = cells if cells is None or isinstance(cells, str) else (cells if batched else cells.unsqueeze(0))
+        result = _run_direct(clean, start, admissible, norms.sqrt(), policy, rounds, final, fixed)
     else:
         result = _run_gram(clean, start, admissible, norms, products, policy, rounds)
     distances = result.distances
@@ -266,9 +277,11 @@ def _run_direct(
     policy: RadiusPolicy,
     rounds: int,
     final: str | None,
+    cells: Tensor | Literal["nearest"] | None = None,
 ) -> ClusteringResult:
     """Eq. 24 from coordinates (``lengths[B, N]``: the points' norms, 0 for
-    inadmissible ones); ``final`` (any value) adds the final distances."""
+    inadmissible ones); ``final`` (any value) adds the final distances; ``cells``
+    restricts every ball to its centre's cell (see :func:`threshold_clustering`)."""
     v = v.clone()  # the returned centres never alias the caller's (rounds = 0)
     n = z.shape[-2]
     inside = torch.zeros(*v.shape[:-1], n, dtype=torch.bool, device=z.device)
@@ -278,11 +291,21 @@ def _run_direct(
         distances = _direct_distances(v, z, admissible)
         tau = policy(distances, round_index)
         inside = inside_ball(distances, tau, policy.strict, tie_tolerance(lengths, spread))
+        if cells is not None and v.shape[-2] > 1:
+            inside &= _cell_members(distances, cells)
         spread = next_spread(spread, inside, lengths, n)
         weights = inside.to(z.dtype)
         keep = 1 - weights.sum(-1, keepdim=True) / n  # a_l; exactly 0 when every point is inside
         v = keep * v + torch.bmm(weights, z) / n
     return ClusteringResult(v, inside, tau, _direct_distances(v, z, admissible) if final else None)
+
+
+def _cell_members(distances: Tensor, cells: Tensor | Literal["nearest"]) -> Tensor:
+    """``[B, K, N]``: whether point ``j`` lies in centre ``k``'s cell, the centre
+    nearest to it (lowest index on ties) or the one ``cells[B, N]`` names."""
+    owner = distances.argmin(dim=-2) if isinstance(cells, str) else cells.to(device=distances.device, dtype=torch.long)
+    centres = torch.arange(distances.shape[-2], device=distances.device)
+    return owner.unsqueeze(-2) == centres.view(1, -1, 1)
 
 
 def _direct_distances(v: Tensor, z: Tensor, admissible: Tensor) -> Tensor:

@@ -79,6 +79,9 @@ def _run_outputs(out: Path) -> list[str]:
 
 def _reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / args.figure
+    if args.page is not None and args.figure != "mc-regimes":
+        print("error: --page applies to mc-regimes", file=sys.stderr)
+        return 2
     if args.device is not None and args.figure not in ("table1", "fig6"):
         print(f"error: --device applies to table1 and fig6; {args.figure} runs small float64 problems on the CPU",
               file=sys.stderr)
@@ -113,6 +116,11 @@ def _reproduce(args: argparse.Namespace) -> int:
         print(f"error: --jobs, --backend and --address apply to the grids of table1 and fig6, not {args.figure}",
               file=sys.stderr)
         return 2
+    if args.figure == "mc-regimes":
+        from robust_pfl.recipes import mc_regimes
+
+        return mc_regimes.main(out, quick=args.quick, seeds=args.seeds,
+                               page_path=Path(args.page) if args.page else None)
     if args.figure == "fig2":
         from robust_pfl.recipes import fig2 as recipe
     elif args.figure == "fig7":
@@ -362,8 +370,9 @@ def build_parser() -> argparse.ArgumentParser:
     flower.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier run in OUT")
     flower.add_argument("--verbose", action="store_true", help="Flower's and Ray's debug logging")
     flower.set_defaults(handler=_flower)
-    reproduce = commands.add_parser("reproduce", help="reproduce a figure of Werner et al.")
-    reproduce.add_argument("figure", choices=["fig2", "fig3", "fig6", "fig7", "table1"])
+    reproduce = commands.add_parser(
+        "reproduce", help="reproduce a figure of Werner et al., or MC's regime suite (mc-regimes, docs/mc.md)")
+    reproduce.add_argument("figure", choices=["fig2", "fig3", "fig6", "fig7", "table1", "mc-regimes"])
     reproduce.add_argument(
         "--data-dir", default=None,
         help="table1, fig6: directory of the MNIST IDX files (default: the embedded digits, no download)",
@@ -377,6 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="table1: the official dealing, re-dealt every epoch (default), or fixed seeded shards",
     )
     reproduce.add_argument("--out", help="output directory (default results/<figure>)")
+    reproduce.add_argument("--page", default=None,
+                           help="mc-regimes: also replace the marked results block of this page (docs/mc.md)")
     reproduce.add_argument("--quick", action="store_true", help="fewer rounds, grid points and seeds")
     reproduce.add_argument(
         "--seeds", type=int, default=None,

@@ -334,7 +334,8 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     personalised models (or its own predictor, e.g. KNN-Per's mixture), the fraction
     of honest models that are not finite (must stay 0 under any attack), and for
     algorithms that form clusters the adjusted Rand index of the honest clients'
-    assignment against the true clusters; under a backdoor attack also its
+    assignment against the true clusters (and, for those with a re-seed rule,
+    ``reseeds``: how many rounds re-seeded the centres so far); under a backdoor attack also its
     ``attack_success_rate`` (:func:`backdoor_success`).  A classification task also
     gets ``worst_cluster_test_accuracy``: the lowest of the true clusters' honest
     mean test accuracies (a defense that sacrifices one cluster shows it there)."""
@@ -349,6 +350,8 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     if record is not None and record.assignment is not None:
         truth = task.cluster_ids.to(models.device)[honest]
         out["ari"] = adjusted_rand_index(truth, record.assignment[honest])
+    if record is not None and record.reseeds is not None:
+        out["reseeds"] = float(record.reseeds)
     return out
 
 
@@ -376,8 +379,10 @@ def run_method(
     task: Task | None = None,
     checkpoint: Path | None = None,
     report: Callable[[str], None] | None = None,
+    finished: Callable[[defenses.Algorithm], None] | None = None,
 ) -> ResultTable:
-    """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``.
+    """Train one method for ``config.rounds`` rounds; metrics every ``eval_every``;
+    ``finished`` receives the trained algorithm (its client models) at the end.
 
     With ``checkpoint`` and ``config.checkpoint_every``: resume from the checkpoint
     file if it exists (it must come from this config, method and seed, else
@@ -432,6 +437,8 @@ def run_method(
                 report(f"round {done} of {config.rounds} checkpointed")
 
     run_rounds(algorithm, config.rounds, start=done, before=before, after=after)
+    if finished is not None:
+        finished(algorithm)
     return table
 
 

@@ -192,7 +192,9 @@ class RoundRecord:
     Every tensor is optional; algorithms fill what they compute.  ``gradients`` and
     ``momenta`` are the honest per-client ``[N, d]`` values before any attack;
     ``updates`` are the vectors each client applied; ``assignment`` the cluster each
-    client was assigned this round (``[N]``), if the algorithm forms clusters.
+    client was assigned this round (``[N]``), if the algorithm forms clusters;
+    ``reseeds`` how many rounds so far re-seeded the warm-started centres (MC's and
+    Myopic-Clustering's ``reseed`` rule; ``None`` for methods without one).
     Records are snapshots unless the algorithm's ``snapshot_records`` was turned off
     (then tensors may be buffers the algorithm overwrites in its next step, and
     algorithms whose clients apply their cluster's vector leave ``updates`` out: it is
@@ -211,4 +213,5 @@ class RoundRecord:
     centres: Tensor | None = None
     assignment: Tensor | None = None
     cluster_updates: Tensor | None = None  # [K, d]: the vector each cluster's clients applied
+    reseeds: int | None = None  # server-clustering methods: times the centres were re-seeded so far in the run
     extras: dict[str, Any] = field(default_factory=dict)
