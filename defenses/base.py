@@ -39,6 +39,11 @@ class AlgorithmParams(BaseModel):
     lr: float = Field(0.01, gt=0, description="learning rate eta")
     heavy_ball: float = Field(0.0, ge=0, lt=1, description="heavy-ball momentum on the update")
 
+    #: Values of fields added after checkpoints were written whose default does not
+    #: reproduce those runs: a checkpoint without such a field resumes with this value
+    #: (every other missing field takes its default).
+    values_before_the_field_existed: ClassVar[dict[str, Any]] = {}
+
 
 class Algorithm(ABC):
     """Base class: one round of a (personalised) federated algorithm.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -16,7 +16,7 @@ from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
 from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
-from robust_pfl.engine.rows import admissible_points, euclidean_distances
+from robust_pfl.engine.rows import admissible_points
 from defenses.radius import RadiusPolicy, make_radius
 from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
 from robust_pfl.engine.data import Batch
@@ -345,7 +345,7 @@ class _ServerClustering(Algorithm):
         self.centres: Tensor | None = None
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
         self._init_rng = federation.rng(f"{self.name}-centres")
-        self._start_reseed_count(federation)
+        self._start_reseed_count()
         # [N, d] buffers reused every round (fresh ones cost page faults): own
         # gradients, delivered messages, and the centre each client applies.
         self._buffers: dict[str, Tensor] = {}
@@ -375,14 +375,18 @@ class _ServerClustering(Algorithm):
             return centres
         return slot.copy_(centres)
 
-    def _start_reseed_count(self, federation: Federation) -> None:
+    def _start_reseed_count(self) -> None:
         """The run's re-seed count (:attr:`RoundRecord.reseeds`), the last round that
-        re-seeded, whether a run of consecutive re-seeds was warned of, and the
-        challenger's trim (``trim``, else the run's Byzantine count)."""
+        re-seeded, and whether a run of consecutive re-seeds was warned of."""
         self.reseeds = 0
         self._last_reseed: int | None = None
         self._storm_warned = False
-        self.trim = int(federation.byzantine.sum()) if self.params.trim is None else self.params.trim
+
+    @property
+    def trim(self) -> int:
+        """Messages the challenger's trimmed cost leaves out: ``trim``, else the run's
+        Byzantine count."""
+        return int(self.federation.byzantine.sum()) if self.params.trim is None else self.params.trim
 
     def _count_reseed(self, round_index: int, reseeded: bool) -> None:
         """Count a re-seed; warn once per run when two consecutive rounds re-seed (a
@@ -405,8 +409,6 @@ class _ServerClustering(Algorithm):
         self.__dict__.update(state)
         for name, value in (("reseeds", 0), ("_last_reseed", None), ("_storm_warned", False)):
             self.__dict__.setdefault(name, value)
-        if "trim" not in self.__dict__:
-            self.trim = int(self.federation.byzantine.sum()) if self.params.trim is None else self.params.trim
         self._centre_slots = {
             slot.data_ptr() + slot.numel() * slot.element_size(): slot for slot in self._centre_slots.values()
         }
@@ -442,6 +444,9 @@ class _ServerClustering(Algorithm):
         params = self.params
         if self.centres is None or not params.warm_start:
             centres, assignment = self._fresh_clustering(received, generator)
+            if params.reseed == "merged" and collapsed(received, centres, assignment, params.merge_tolerance):
+                centres, assignment = self._fresh_clustering(received, generator)
+                return centres, assignment, True
             return centres, assignment, False
         previous = self.assignment
         centres, distances = self._threshold_clustering(
@@ -569,9 +574,23 @@ def round_alpha(alpha: float, first_alpha: float | None, round_index: int) -> fl
     return first_alpha if round_index == 0 and first_alpha is not None else alpha
 
 
+#: The rules Alg. 4 prints (or implies where it is silent): k-means++ seeds from every
+#: message, warm-started centres kept for ever, Alg. 3's overlapping balls and the
+#: nearest centre.  The theorems are about these, not about MC's defaults.
+ALG4_PRINTED_RULES: dict[str, Any] = {"seed_from": "all", "reseed": "never", "centre_update": "ball",
+                                      "switch_margin": 0.0}
+#: Alg. 4 as printed, with alpha 0.1 (the paper gives no value): the option set tables
+#: label "MC, Alg. 4 as printed".
+ALG4_AS_PRINTED: dict[str, Any] = {"alpha": 0.1, **ALG4_PRINTED_RULES}
+
+
 class MomentumClusteringParams(CentreClusteringParams, MomentumStartParams):
     """MC's defaults are the choices that make it cluster (docs/mc.md): Alg. 4 as printed
     is ``alpha = 0.1``-like momenta with ``seed_from = "all"`` and ``reseed = "never"``."""
+
+    # checkpoints written before the cell balls and hysteresis existed ran Alg. 3's balls
+    # and the nearest centre
+    values_before_the_field_existed: ClassVar[dict[str, Any]] = {"centre_update": "ball", "switch_margin": 0.0}
 
     alpha: float = Field(
         0.01, gt=0, le=1,

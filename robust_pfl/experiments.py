@@ -498,9 +498,10 @@ def _check_saved_params(saved: SavedRun, params: defenses.AlgorithmParams, check
     count) is refused: resuming it would mix two runs."""
     written = saved.algorithm.params
     try:  # an older version kept specs (an aggregator's table) where this one keeps the built object
-        # a field added since takes its default, which reproduces the older runs
-        written = type(params).model_validate({name: getattr(written, name) for name in type(params).model_fields
-                                               if hasattr(written, name)})
+        # a field added since takes its default, or the value the params class names
+        # as reproducing the older runs
+        kept = {name: getattr(written, name) for name in type(params).model_fields if hasattr(written, name)}
+        written = type(params).model_validate({**type(params).values_before_the_field_existed, **kept})
     except (ValidationError, AttributeError):
         pass
     if written != params:

@@ -556,7 +556,17 @@ def old_fixture(name: str, tmp_path: Path) -> tuple[Any, Path]:
     return config, path
 
 
-@pytest.mark.parametrize("name", ["fc", "mc", "ifca"])
+def test_an_old_mc_checkpoint_is_refused_since_its_defaults_changed(tmp_path):
+    """MC's re-seed default changed (merged -> challenger) and its cell balls and
+    hysteresis did not exist when the old checkpoint was written: resuming it would
+    mix two algorithms, so it is refused, naming the old values (the fields added
+    since read as the values the old run used: Alg. 3's balls, the nearest centre)."""
+    config, path = old_fixture("mc", tmp_path)
+    with pytest.raises(CheckpointError, match="reseed='merged'.*centre_update='ball'.*switch_margin=0.0"):
+        run_method(config.methods[0], config, 3, checkpoint=path)
+
+
+@pytest.mark.parametrize("name", ["fc", "ifca"])
 def test_a_checkpoint_written_before_the_engine_and_aggregators_moved_resumes(name, tmp_path):
     """Checkpoints written at commit d6839b2 (``tests/data/old_checkpoints/make.py``),
     whose pickles name ``robust_pfl.federation``, ``robust_pfl.checkpoint``,

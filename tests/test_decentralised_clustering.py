@@ -286,7 +286,10 @@ def test_pdl_tc_parameters_are_validated_naming_the_field():
 
 
 # -- PFL-TC ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("choices", [{"seed_from": "all", "reseed": "never"}, {"seed_from": "dense", "reseed": "merged"}])
+@pytest.mark.parametrize("choices", [
+    {"seed_from": "all", "reseed": "never", "centre_update": "ball", "switch_margin": 0.0},
+    {"seed_from": "dense", "reseed": "challenger", "centre_update": "cell", "switch_margin": 0.3},
+])
 @pytest.mark.parametrize("snapshot", [True, False])
 @pytest.mark.parametrize("warm_start", [True, False])
 def test_pfl_tc_option_1_is_mc_bit_for_bit(warm_start, snapshot, choices):

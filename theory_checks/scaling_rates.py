@@ -70,6 +70,7 @@ import defenses
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import RoundRecord
+from defenses.clustering_algorithms import ALG4_PRINTED_RULES
 from theory_checks import bounds
 from theory_checks.estimators import gradient_noise
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
@@ -87,7 +88,7 @@ from theory_checks.scaling_rate_problem import (
 
 
 #: Alg. 4 as printed: the theorems are about it, not about MC's defaults (docs/mc.md).
-PRINTED_MC = {"seed_from": "all", "reseed": "never"}
+PRINTED_MC = ALG4_PRINTED_RULES
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-import defenses
+from defenses.clustering_algorithms import ALG4_AS_PRINTED
 from robust_pfl.config import parse_config
 from robust_pfl.engine.metrics import adjusted_rand_index
 from robust_pfl.experiments import build_task, run_method
@@ -95,10 +95,6 @@ REGIMES: tuple[Regime, ...] = (
            {"kind": "dirichlet", "clusters": 3, "clients_per_cluster": 6}, 150),
 )
 
-#: Alg. 4 as printed: alpha 0.1 (the paper gives none), k-means++ seeds from every
-#: message, warm-started centres kept for ever, Alg. 3's overlapping balls, nearest centre.
-ALG4_AS_PRINTED: dict[str, Any] = {"alpha": 0.1, "seed_from": "all", "reseed": "never", "centre_update": "ball",
-                                   "switch_margin": 0.0}
 #: MC's defaults before the rules of this suite (alpha 0.01, dense seeds, re-seeding
 #: merged centres).
 MERGE_RULE: dict[str, Any] = {"alpha": 0.01, "seed_from": "dense", "reseed": "merged", "centre_update": "ball",
