@@ -14,7 +14,7 @@ from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
-from defenses.kmeans_init import dense_rows, kmeans, kmeans_plus_plus
+from defenses.kmeans_init import dense_rows, density_sample, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
 from robust_pfl.engine.rows import admissible_points
 from defenses.radius import RadiusPolicy, make_radius
@@ -423,19 +423,50 @@ class _ServerClustering(Algorithm):
         return fed.gradients(self.models, batch, out=out, skip_unread=True, blend=blend)
 
     def _initial_centres(self, received: Tensor, generator: torch.Generator) -> Tensor:
+        """K seeds from ``received`` (from its dense rows with ``seed_from = "dense"``)."""
         if self.params.seed_from == "dense":
             received = received[dense_rows(received, self.k, generator)]
+        return self._seeds(received, generator)
+
+    def _seeds(self, pool: Tensor, generator: torch.Generator) -> Tensor:
+        """K seeds among the rows of ``pool`` by ``init``."""
         if self.params.init == "kmeans++":
-            return kmeans_plus_plus(received, self.k, generator)
+            return kmeans_plus_plus(pool, self.k, generator)
         if self.params.init == "kmeans":
-            return kmeans(received, self.k, generator).centres.to(received.dtype)
-        pool = received[admissible_points(received)]
+            return kmeans(pool, self.k, generator).centres.to(pool.dtype)
+        pool = pool[admissible_points(pool)]
         if pool.shape[0] == 0:
-            return received.new_zeros(self.k, received.shape[-1])
+            return pool.new_zeros(self.k, pool.shape[-1])
         pick = torch.randint(pool.shape[0], (self.k,), generator=generator, device=generator.device)
         if pool.shape[0] >= self.k:
             pick = torch.randperm(pool.shape[0], generator=generator, device=generator.device)[: self.k]
         return pool[pick.to(pool.device)]
+
+    def _challenger(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """``reseed = "challenger"``'s fresh clustering: seeded (from the dense rows with
+        ``seed_from = "dense"``) and clustered by Alg. 3 within the density sample of at
+        most :data:`~defenses.kmeans_init.DENSITY_SAMPLE` messages, then every
+        message's distance to its centres ``[N, K]``: one pass over the N messages."""
+        rows, dense = density_sample(received, self.k, generator)
+        sample = received[rows]
+        seeds = self._seeds(sample[dense] if self.params.seed_from == "dense" else sample, generator)
+        cells = "nearest" if self.params.centre_update == "cell" else None
+        centres, _ = self._threshold_clustering(sample, seeds, cells)
+        return centres, self._distances(received, centres)
+
+    @staticmethod
+    def _distances(received: Tensor, centres: Tensor) -> Tensor:
+        """``[N, K]`` distances of every message to every centre through inner
+        products (``||z||^2 + ||v||^2 - 2 <z, v>``, one pass over the messages; float64
+        for the norms and the sum), which decide assignments and the challenger's cost
+        (no ball membership, whose ties the Threshold-Clustering evaluations settle
+        from coordinates).  An inadmissible message or centre is infinitely far."""
+        products = (received @ centres.transpose(0, 1)).double()
+        points = torch.linalg.vector_norm(received, dim=-1).double().square()
+        middles = torch.linalg.vector_norm(centres, dim=-1).double().square()
+        squared = (points.unsqueeze(-1) + middles.unsqueeze(0) - 2 * products).clamp_min(0)
+        finite = torch.isfinite(points).unsqueeze(-1) & torch.isfinite(middles).unsqueeze(0) & torch.isfinite(products)
+        return torch.where(finite, squared.sqrt(), math.inf)
 
     def _cluster(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, bool]:
         """Alg. 3 from warm-started (or freshly seeded) centres, then the assignment
@@ -456,8 +487,7 @@ class _ServerClustering(Algorithm):
             centres, assignment = self._fresh_clustering(received, generator)
             return centres, assignment, True
         if params.reseed == "challenger":
-            fresh, fresh_distances = self._threshold_clustering(
-                received, self._initial_centres(received, generator), "nearest" if params.centre_update == "cell" else None)
+            fresh, fresh_distances = self._challenger(received, generator)
             fresh_assignment = fresh_distances.argmin(dim=-1)
             incumbent_cost = trimmed_cost(distances, assignment, self.trim)
             if trimmed_cost(fresh_distances, fresh_assignment, self.trim) < (1 - params.challenger_margin) * incumbent_cost:
@@ -478,14 +508,14 @@ class _ServerClustering(Algorithm):
         """Alg. 3 from ``centres`` (each ball restricted to its cell with ``cells``),
         then every point's distance to every final centre ``[N, K]`` (an
         inadmissible point is infinitely far from all)."""
-        method = "direct" if cells is not None else self.params.distance_method(received)
+        method = self.params.distance_method(received)
+        if cells is not None and method == "pairwise":
+            method = "gram"  # the pairwise evaluation has no cells
         if method == "pairwise":
             centres = self._centres_in_slot(received, centres)
-        result = threshold_clustering(
-            received, centres, self.policy, self.params.clustering_rounds, method=method, final_distances=True,
-            cells=cells,
-        )
-        return result.centres, result.distances.transpose(0, 1)
+        result = threshold_clustering(received, centres, self.policy, self.params.clustering_rounds, method=method,
+                                      cells=cells)
+        return result.centres, self._distances(received, result.centres)
 
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive

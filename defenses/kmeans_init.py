@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from defenses.primitives import group_mean
-from robust_pfl.engine.rows import admissible_points, euclidean_distances
+from robust_pfl.engine.rows import admissible_points, euclidean_distances, squared_distances
 from defenses.row_reads import scratch
 
 
@@ -126,28 +126,35 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, restarts: int = 1
 DENSITY_SAMPLE = 256
 
 
-def dense_rows(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
-    """``[N]`` mask of the admissible rows of ``points[N, d]`` that lie in a dense part
-    of the cloud, judged within a seeded sample of at most :data:`DENSITY_SAMPLE`
-    admissible rows (all of them when there are no more): a sampled row is dense when
-    its distance to its ``m``-th nearest other sampled row (``m = ceil(S / (2k))``,
-    half a cluster of the sample) is at most the median of those distances; rows
-    outside the sample are not marked.  A row far from every other one (a
-    large-gradient Byzantine message) is not dense, so seeding from the dense rows
-    keeps isolated far points from taking centres of their own; a tight group still
-    counts.  ``O(S^2 d)`` whatever ``N``."""
-    admissible = admissible_points(points)
-    rows = admissible.nonzero().squeeze(-1)
+def density_sample(points: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``(rows[S], dense[S])``: a seeded sample of at most :data:`DENSITY_SAMPLE`
+    admissible rows of ``points[N, d]`` (all of them, in order, when there are no
+    more) and which of them lie in a dense part of the cloud: a sampled row is dense
+    when its distance to its ``m``-th nearest other sampled row (``m = ceil(S / (2k))``,
+    half a cluster of the sample) is at most the median of those distances (every row
+    is, with at most ``k`` of them).  A row far from every other one (a large-gradient
+    Byzantine message) is not dense, so seeding from the dense rows keeps isolated far
+    points from taking centres of their own; a tight group still counts.  One
+    ``S^2 d`` product, whatever ``N``."""
+    rows = admissible_points(points).nonzero().squeeze(-1)
     if rows.numel() <= k:
-        return admissible
+        return rows, torch.ones_like(rows, dtype=torch.bool)
     if rows.numel() > DENSITY_SAMPLE:
         pick = torch.randperm(rows.numel(), generator=generator, device=generator.device)[:DENSITY_SAMPLE]
         rows = rows[pick.to(rows.device)]
-    sample = points[rows].double()
-    distances = euclidean_distances(sample, sample)  # [S, S]
+    # squared distances from the sample's Gram product (float64 for narrower rows): the
+    # ranks, and so the marks, are those of the distances
+    distances = squared_distances(points[rows]).double()  # [S, S]
     distances.fill_diagonal_(math.inf)  # a row is not its own neighbour
     m = max(1, math.ceil(rows.numel() / (2 * k)))
     reach = distances.sort(dim=1).values[:, min(m, rows.numel() - 1) - 1]
-    dense = torch.zeros_like(admissible)
-    dense[rows[reach <= reach.median()]] = True
-    return dense
+    return rows, reach <= reach.median()
+
+
+def dense_rows(points: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """``[N]`` mask of the dense rows of :func:`density_sample` (rows outside the
+    sample are not marked; with at most ``k`` admissible rows, all of them)."""
+    rows, dense = density_sample(points, k, generator)
+    mask = torch.zeros(points.shape[0], dtype=torch.bool, device=points.device)
+    mask[rows[dense]] = True
+    return mask

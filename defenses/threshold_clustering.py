@@ -140,7 +140,9 @@ def threshold_clustering(
             (``[B, N]``) indices of the centre each point may join (a fixed
             assignment).  Two centres then never share a point, so correct centres
             closer than their clusters' spread keep their own points instead of
-            drifting to one place.  ``method="direct"`` only.
+            drifting to one place.  ``method="direct"`` or ``"gram"`` (whose cells
+            come from its distances, exact for the points near a radius and
+            within rounding for the others).
     """
     if rounds < 0:
         raise ValueError(f"rounds must be >= 0, got {rounds}")
@@ -148,8 +150,8 @@ def threshold_clustering(
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}; got {method!r}")
     if points.dim() not in (2, 3):
         raise ValueError(f"points must be [N, d] or [B, N, d]; got {tuple(points.shape)}")
-    if cells is not None and method != "direct":
-        raise ValueError(f"cells: needs method='direct', got method={method!r}")
+    if cells is not None and method == "pairwise":
+        raise ValueError(f"cells: needs method='direct' or 'gram', got method={method!r}")
     policy = make_radius(radius)  # a policy (what the algorithms pass) is used as it is
     if points.dtype in WIDENED_DTYPES:
         # float16's squared norms overflow from ||z|| = 256: run in float32, round back
@@ -184,13 +186,13 @@ def threshold_clustering(
         clean = torch.where(admissible.unsqueeze(-1), z, 0.0)
         norms = torch.where(admissible, norms, 0.0)
     final = "exact" if final_distances else "nearest" if nearest else None
+    fixed = cells if cells is None or isinstance(cells, str) else (cells if batched else cells.unsqueeze(0))
     if pairwise is not None:
         result = ClusteringResult(*run_pairwise(clean, start, admissible, pairwise, start_index, policy, rounds, False))
     elif products is None:
-        fixed = cells if cells is None or isinstance(cells, str) else (cells if batched else cells.unsqueeze(0))
         result = _run_direct(clean, start, admissible, norms.sqrt(), policy, rounds, final, fixed)
     else:
-        result = _run_gram(clean, start, admissible, norms, products, policy, rounds)
+        result = _run_gram(clean, start, admissible, norms, products, policy, rounds, fixed)
     distances = result.distances
     if final is not None and distances is None:
         # from coordinates, as direct computes them: inner products would leave near
@@ -320,8 +322,10 @@ def _run_gram(
     products: Tensor,
     policy: RadiusPolicy,
     rounds: int,
+    cells: Tensor | Literal["nearest"] | None = None,
 ) -> ClusteringResult:
-    """Eq. 24 evaluated through inner products, reading only the points a round needs.
+    """Eq. 24 evaluated through inner products, reading only the points a round needs
+    (``cells``: see :func:`threshold_clustering`).
 
     The centres are updated explicitly, ``v_l = a_l v_{l-1} + w_l / N`` with
     ``a_l = 1 - |inside_l| / N`` and the ball sum ``w_l``; distances come from
@@ -345,6 +349,8 @@ def _run_gram(
                                   policy, round_index)
             tau = policy(distances, round_index)
             entered = inside_ball(distances, tau, policy.strict, tolerance)
+            if cells is not None and k > 1:
+                entered &= _cell_members(distances, cells)
             if dots.copies is None or not dots.copies.split(entered):
                 break  # else identical rows were split: again with their first copy's distances
         change = None

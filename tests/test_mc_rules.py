@@ -37,10 +37,25 @@ def test_cells_keep_a_shared_point_in_one_ball_by_hand():
     assert fixed.tolist() == pytest.approx([0.0, 5 / 3])
 
 
-def test_cells_need_the_direct_evaluation():
+def test_cells_are_not_in_the_pairwise_evaluation():
     points = torch.zeros(4, 2)
-    with pytest.raises(ValueError, match="cells: needs method='direct'"):
-        threshold_clustering(points, points[:2], 1.0, 1, method="gram", cells="nearest")
+    with pytest.raises(ValueError, match="cells: needs method='direct' or 'gram'"):
+        threshold_clustering(points, points[:2], 1.0, 1, method="pairwise", cells="nearest")
+
+
+@pytest.mark.parametrize("cells", ["nearest", "fixed"])
+def test_cells_give_the_same_centres_by_products_as_by_coordinates(cells):
+    """The gram evaluation with cells agrees with the direct one (to rounding) on
+    clustered points in 300 dimensions."""
+    generator = torch.Generator().manual_seed(3)
+    means = 3 * torch.randn(3, 300, generator=generator, dtype=torch.float64)
+    points = means[torch.arange(60) % 3] + torch.randn(60, 300, generator=generator, dtype=torch.float64)
+    start = points[:3] + 0.5
+    given = torch.arange(60) % 3 if cells == "fixed" else "nearest"
+    direct = threshold_clustering(points, start, {"policy": "quantile", "q": 0.3}, 10, method="direct", cells=given)
+    gram = threshold_clustering(points, start, {"policy": "quantile", "q": 0.3}, 10, method="gram", cells=given)
+    assert torch.equal(direct.inside, gram.inside)
+    assert torch.allclose(direct.centres, gram.centres, atol=1e-9)
 
 
 # -- the rules by hand ----------------------------------------------------------------------------
