@@ -9,8 +9,8 @@ over ``--rounds`` warm-started rounds after the first (seeding) one, best of
 
     PYTHONPATH=/path/to/old/checkout python benchmarks/bench_mc_clustering.py --label old
 
-Each call adds its rows (label, code path, N, d, seconds per round, seconds per
-``N d``) to ``--out`` (default ``benchmarks/mc_clustering.json``); see
+Each call adds its rows (label, the measured code's commit, N, d, seconds per round,
+nanoseconds per row coordinate) to ``--out`` (default ``benchmarks/mc_clustering.json``); see
 ``benchmarks/README.md``, "MC's clustering cost".
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -80,7 +81,12 @@ def main() -> None:
     rows = json.loads(args.out.read_text()) if args.out.exists() else []
     for clients in args.clients:
         seconds = seconds_per_round(clients, args.dim, args.rounds, args.repeats)
-        row = {"label": args.label, "code": str(Path(defenses.__file__).parent.parent), "clients": clients,
+        code = Path(defenses.__file__).resolve().parent
+        commit = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(code), "status", "--porcelain", "--", "defenses", "robust_pfl"],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        row = {"label": args.label, "commit": commit + (" (modified)" if dirty else ""), "clients": clients,
                "dim": args.dim, "seconds_per_round": seconds, "ns_per_row_coordinate": 1e9 * seconds / (clients * args.dim),
                "threads": args.threads, "machine": platform.processor() or platform.machine()}
         print(json.dumps(row), flush=True)

@@ -159,6 +159,8 @@ class Suite:
     out: Path
     mode: Mode
     log: list[str] = field(default_factory=list)
+    runs: int = 0
+    run_seconds: float = 0.0  # of every run read or made, as each measured itself
 
     def regimes(self, role: Role) -> list[Regime]:
         chosen = [regime for regime in REGIMES if regime.role == role]
@@ -172,7 +174,7 @@ class Suite:
         slug = "".join(ch if ch.isalnum() else "_" for ch in f"{regime.name}__{label}__{seed}")
         path = self.out / "runs" / f"{slug}.json"
         if path.exists():
-            return Outcome(**json.loads(path.read_text()))
+            return self._counted(Outcome(**json.loads(path.read_text())))
         config = parse_config(regime.config([{"label": label, **method}], seed, self.rounds(regime)))
         start = time.perf_counter()
         models: dict[str, Any] = {}
@@ -189,7 +191,12 @@ class Suite:
         temporary.write_text(json.dumps(result.__dict__))
         temporary.replace(path)
         self.log.append(f"{regime.name} / {label} / seed {seed}: test {result.test_accuracy:.3f}")
-        return result
+        return self._counted(result)
+
+    def _counted(self, outcome: Outcome) -> Outcome:
+        self.runs += 1
+        self.run_seconds += outcome.seconds
+        return outcome
 
     def outcomes(self, regime: Regime, label: str, method: dict[str, Any]) -> list[Outcome]:
         return [self.outcome(regime, label, method, seed) for seed in range(self.mode.seeds)]
@@ -289,16 +296,15 @@ def _reseeds(values: list[float | None]) -> str:
     return ", ".join(kept)
 
 
-def page(winner: str, scores: dict[str, dict[str, float | None]], rows: list[dict[str, Any]], suite: Suite,
-         seconds: float) -> str:
+def page(winner: str, scores: dict[str, dict[str, float | None]], rows: list[dict[str, Any]], suite: Suite) -> str:
     """The results block: provenance, the selection table, the evaluation table and
     the bars."""
     mc = f"MC [{winner}]"
     selection = suite.regimes("selection")
     lines = [
         f"Commit {git_commit() or 'unknown'}; {machine_text()}; torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads); {seconds / 60:.0f} min for the runs this call made; "
-        f"{suite.mode.seeds} seed(s); `robust-pfl reproduce mc-regimes`.",
+        f"({torch.get_num_threads()} threads); {suite.runs} runs, {suite.run_seconds / 60:.0f} min of run time "
+        f"in all; {suite.mode.seeds} seed(s); `robust-pfl reproduce mc-regimes`.",
         "",
         "Selection (final validation accuracy %, mean over seeds; worst ARI: the lowest of the regimes' mean "
         f"final ARIs; the winner has the highest mean among the candidates whose worst ARI is at least {ARI_BAR}):",
@@ -353,10 +359,9 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, page_path: Pa
     if seeds is not None:
         mode = Mode(seeds, mode.round_scale, mode.regimes_per_role)
     suite = Suite(Path(out), mode)
-    start = time.perf_counter()
     winner, scores = select(suite)
     rows = evaluate(suite, winner)
-    text = page(winner, scores, rows, suite, time.perf_counter() - start)
+    text = page(winner, scores, rows, suite)
     if quick:
         text = f"{QUICK_SENTENCE}\n\n{text}"
     Path(out).mkdir(parents=True, exist_ok=True)
