@@ -442,52 +442,61 @@ class _ServerClustering(Algorithm):
             pick = torch.randperm(pool.shape[0], generator=generator, device=generator.device)[: self.k]
         return pool[pick.to(pool.device)]
 
-    def _challenger(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _challenger(self, received: Tensor, generator: torch.Generator, norms: Tensor) -> tuple[Tensor, Tensor]:
         """``reseed = "challenger"``'s fresh clustering: seeded (from the dense rows with
         ``seed_from = "dense"``) and clustered by Alg. 3 within the density sample of at
         most :data:`~defenses.kmeans_init.DENSITY_SAMPLE` messages, then every
-        message's distance to its centres ``[N, K]``: one pass over the N messages."""
+        message's distance to its centres ``[N, K]``: one pass over the N messages
+        (``norms``: their squared norms, float64)."""
         rows, dense = density_sample(received, self.k, generator)
         sample = received[rows]
         seeds = self._seeds(sample[dense] if self.params.seed_from == "dense" else sample, generator)
         cells = "nearest" if self.params.centre_update == "cell" else None
-        centres, _ = self._threshold_clustering(sample, seeds, cells)
-        return centres, self._distances(received, centres)
+        method = self.params.distance_method(sample)
+        result = threshold_clustering(sample, seeds, self.policy, self.params.clustering_rounds,
+                                      method="gram" if cells is not None and method == "pairwise" else method,
+                                      cells=cells)
+        return result.centres, self._distances(received, result.centres, norms)
 
     @staticmethod
-    def _distances(received: Tensor, centres: Tensor) -> Tensor:
+    def _distances(received: Tensor, centres: Tensor, norms: Tensor) -> Tensor:
         """``[N, K]`` distances of every message to every centre through inner
-        products (``||z||^2 + ||v||^2 - 2 <z, v>``, one pass over the messages; float64
-        for the norms and the sum), which decide assignments and the challenger's cost
+        products (``||z||^2 + ||v||^2 - 2 <z, v>`` with ``norms = ||z||^2`` in float64;
+        one pass over the messages), which decide assignments and the challenger's cost
         (no ball membership, whose ties the Threshold-Clustering evaluations settle
         from coordinates).  An inadmissible message or centre is infinitely far."""
         products = (received @ centres.transpose(0, 1)).double()
-        points = torch.linalg.vector_norm(received, dim=-1).double().square()
         middles = torch.linalg.vector_norm(centres, dim=-1).double().square()
-        squared = (points.unsqueeze(-1) + middles.unsqueeze(0) - 2 * products).clamp_min(0)
-        finite = torch.isfinite(points).unsqueeze(-1) & torch.isfinite(middles).unsqueeze(0) & torch.isfinite(products)
+        squared = (norms.unsqueeze(-1) + middles.unsqueeze(0) - 2 * products).clamp_min(0)
+        finite = torch.isfinite(norms).unsqueeze(-1) & torch.isfinite(middles).unsqueeze(0) & torch.isfinite(products)
         return torch.where(finite, squared.sqrt(), math.inf)
+
+    @staticmethod
+    def _squared_norms(received: Tensor) -> Tensor:
+        """``||z||^2`` of every message in float64 (``inf`` for a non-finite one)."""
+        return torch.linalg.vector_norm(received, dim=-1).double().square()
 
     def _cluster(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, bool]:
         """Alg. 3 from warm-started (or freshly seeded) centres, then the assignment
         (nearest centre, or :func:`~defenses.centre_rules.sticky_assignment`) and the
         ``reseed`` rule: ``(centres[K, d], assignment[N], re-seeded)``."""
         params = self.params
+        norms = self._squared_norms(received)
         if self.centres is None or not params.warm_start:
-            centres, assignment = self._fresh_clustering(received, generator)
+            centres, assignment = self._fresh_clustering(received, generator, norms)
             if params.reseed == "merged" and collapsed(received, centres, assignment, params.merge_tolerance):
-                centres, assignment = self._fresh_clustering(received, generator)
+                centres, assignment = self._fresh_clustering(received, generator, norms)
                 return centres, assignment, True
             return centres, assignment, False
         previous = self.assignment
         centres, distances = self._threshold_clustering(
-            received, self.centres, previous if params.centre_update == "cell" else None)
+            received, self.centres, norms, previous if params.centre_update == "cell" else None)
         assignment = sticky_assignment(distances, previous, params.switch_margin)
         if params.reseed == "merged" and collapsed(received, centres, assignment, params.merge_tolerance):
-            centres, assignment = self._fresh_clustering(received, generator)
+            centres, assignment = self._fresh_clustering(received, generator, norms)
             return centres, assignment, True
         if params.reseed == "challenger":
-            fresh, fresh_distances = self._challenger(received, generator)
+            fresh, fresh_distances = self._challenger(received, generator, norms)
             fresh_assignment = fresh_distances.argmin(dim=-1)
             incumbent_cost = trimmed_cost(distances, assignment, self.trim)
             if trimmed_cost(fresh_distances, fresh_assignment, self.trim) < (1 - params.challenger_margin) * incumbent_cost:
@@ -497,13 +506,14 @@ class _ServerClustering(Algorithm):
                 return fresh[order], labels[fresh_assignment], True
         return centres, assignment, False
 
-    def _fresh_clustering(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _fresh_clustering(self, received: Tensor, generator: torch.Generator, norms: Tensor) -> tuple[Tensor, Tensor]:
         """Alg. 3 from freshly seeded centres and the nearest-centre assignment."""
         cells = "nearest" if self.params.centre_update == "cell" else None
-        centres, distances = self._threshold_clustering(received, self._initial_centres(received, generator), cells)
+        centres, distances = self._threshold_clustering(received, self._initial_centres(received, generator), norms,
+                                                        cells)
         return centres, distances.argmin(dim=-1)
 
-    def _threshold_clustering(self, received: Tensor, centres: Tensor,
+    def _threshold_clustering(self, received: Tensor, centres: Tensor, norms: Tensor,
                               cells: Tensor | str | None = None) -> tuple[Tensor, Tensor]:
         """Alg. 3 from ``centres`` (each ball restricted to its cell with ``cells``),
         then every point's distance to every final centre ``[N, K]`` (an
@@ -515,7 +525,7 @@ class _ServerClustering(Algorithm):
             centres = self._centres_in_slot(received, centres)
         result = threshold_clustering(received, centres, self.policy, self.params.clustering_rounds, method=method,
                                       cells=cells)
-        return result.centres, self._distances(received, result.centres)
+        return result.centres, self._distances(received, result.centres, norms)
 
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive

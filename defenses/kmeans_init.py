@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from defenses.primitives import group_mean
-from robust_pfl.engine.rows import admissible_points, euclidean_distances, squared_distances
+from robust_pfl.engine.rows import admissible_points, euclidean_distances
 from defenses.row_reads import scratch
 
 
@@ -123,7 +123,7 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, restarts: int = 1
 
 
 #: Rows against which :func:`dense_rows` measures every row's neighbourhood.
-DENSITY_SAMPLE = 256
+DENSITY_SAMPLE = 128
 
 
 def density_sample(points: Tensor, k: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -142,9 +142,12 @@ def density_sample(points: Tensor, k: int, generator: torch.Generator) -> tuple[
     if rows.numel() > DENSITY_SAMPLE:
         pick = torch.randperm(rows.numel(), generator=generator, device=generator.device)[:DENSITY_SAMPLE]
         rows = rows[pick.to(rows.device)]
-    # squared distances from the sample's Gram product (float64 for narrower rows): the
-    # ranks, and so the marks, are those of the distances
-    distances = squared_distances(points[rows]).double()  # [S, S]
+    # squared distances from the sample's Gram product in the rows' dtype (one S^2 d
+    # GEMM; float64 only for the S^2 sums): only their ranks are used
+    sample = points[rows]
+    gram = (sample @ sample.transpose(0, 1)).double()
+    norms = torch.diagonal(gram)
+    distances = (norms.unsqueeze(0) + norms.unsqueeze(1) - 2 * gram).clamp_min(0)  # [S, S]
     distances.fill_diagonal_(math.inf)  # a row is not its own neighbour
     m = max(1, math.ceil(rows.numel() / (2 * k)))
     reach = distances.sort(dim=1).values[:, min(m, rows.numel() - 1) - 1]

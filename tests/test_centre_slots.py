@@ -10,6 +10,7 @@ import torch
 
 import attacks
 from defenses import build, pairwise_clustering
+from defenses.clustering_algorithms import ALG4_PRINTED_RULES
 from robust_pfl import ClientData, Federation, mlp
 
 K = 3
@@ -36,7 +37,10 @@ def _run(name: str, attack: str, use_slots: bool, rounds: int = 5, monkeypatch=N
     pairwise evaluation joined the centres to the points (``use_slots``; needs
     ``monkeypatch`` to spy on the evaluation)."""
     fed = _federation(attack)
-    algorithm = build(name, fed, {"lr": 0.05, "radius": {"policy": "quantile", "q": 0.3}, "method": "pairwise"})
+    # Alg. 4's printed rules: the pairwise evaluation has no cells (MC's default cell
+    # balls take the gram evaluation), and the challenger clusters a sample of its own
+    algorithm = build(name, fed, {"lr": 0.05, "radius": {"policy": "quantile", "q": 0.3}, "method": "pairwise",
+                                  **ALG4_PRINTED_RULES})
     joined: list[bool] = []
     if not use_slots:
         algorithm._centres_in_slot = lambda received, centres: centres
