@@ -106,6 +106,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "Alg. 4 as printed": ALG4_AS_PRINTED,
     "merge rule (previous default)": MERGE_RULE,
     "no hysteresis": {"switch_margin": 0.0},
+    "hysteresis 0.15": {"switch_margin": 0.15},
+    "hysteresis 0.5": {"switch_margin": 0.5},
     "no challenger": {"reseed": "merged", "merge_tolerance": 0.01},
     "Alg. 3 balls": {"centre_update": "ball"},
     "alpha 0.03": {"alpha": 0.03},
