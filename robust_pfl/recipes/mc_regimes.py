@@ -326,7 +326,8 @@ def page(winner: str, scores: dict[str, dict[str, float | None]], rows: list[dic
         "",
         "Evaluation (final test accuracy %, mean over seeds; ARI of the honest clients; re-seeds per run):",
         "",
-        "| regime | rounds | MC (chosen) | ARI | re-seeds | MC, Alg. 4 as printed | ARI | FC | FC models' ARI | Local |",
+        f"| regime | rounds | {'MC (defaults)' if winner == 'default' else mc} | ARI | re-seeds | "
+        "MC, Alg. 4 as printed | ARI | FC | FC models' ARI | Local |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     printed = "MC [Alg. 4 as printed]"
