@@ -16,7 +16,7 @@ from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
 from defenses.kmeans_init import dense_rows, density_sample, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
-from robust_pfl.engine.rows import admissible_points
+from robust_pfl.engine.rows import admissible_points, squared_from_products
 from defenses.radius import RadiusPolicy, make_radius
 from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
 from robust_pfl.engine.data import Batch
@@ -452,11 +452,15 @@ class _ServerClustering(Algorithm):
         sample = received[rows]
         seeds = self._seeds(sample[dense] if self.params.seed_from == "dense" else sample, generator)
         cells = "nearest" if self.params.centre_update == "cell" else None
-        method = self.params.distance_method(sample)
         result = threshold_clustering(sample, seeds, self.policy, self.params.clustering_rounds,
-                                      method="gram" if cells is not None and method == "pairwise" else method,
-                                      cells=cells)
+                                      method=self._method(sample, cells), cells=cells)
         return result.centres, self._distances(received, result.centres, norms)
+
+    def _method(self, points: Tensor, cells: Tensor | str | None) -> Method:
+        """The evaluation of Alg. 3 on ``points``: the parameters' choice, except that
+        cell balls take "gram" where that is "pairwise" (which has no cells)."""
+        method = self.params.distance_method(points)
+        return "gram" if cells is not None and method == "pairwise" else method
 
     @staticmethod
     def _distances(received: Tensor, centres: Tensor, norms: Tensor) -> Tensor:
@@ -467,7 +471,7 @@ class _ServerClustering(Algorithm):
         from coordinates).  An inadmissible message or centre is infinitely far."""
         products = (received @ centres.transpose(0, 1)).double()
         middles = torch.linalg.vector_norm(centres, dim=-1).double().square()
-        squared = (norms.unsqueeze(-1) + middles.unsqueeze(0) - 2 * products).clamp_min(0)
+        squared = squared_from_products(norms, middles, products)
         finite = torch.isfinite(norms).unsqueeze(-1) & torch.isfinite(middles).unsqueeze(0) & torch.isfinite(products)
         return torch.where(finite, squared.sqrt(), math.inf)
 
@@ -518,9 +522,7 @@ class _ServerClustering(Algorithm):
         """Alg. 3 from ``centres`` (each ball restricted to its cell with ``cells``),
         then every point's distance to every final centre ``[N, K]`` (an
         inadmissible point is infinitely far from all)."""
-        method = self.params.distance_method(received)
-        if cells is not None and method == "pairwise":
-            method = "gram"  # the pairwise evaluation has no cells
+        method = self._method(received, cells)
         if method == "pairwise":
             centres = self._centres_in_slot(received, centres)
         result = threshold_clustering(received, centres, self.policy, self.params.clustering_rounds, method=method,

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from defenses.primitives import group_mean
-from robust_pfl.engine.rows import admissible_points, euclidean_distances
+from robust_pfl.engine.rows import admissible_points, euclidean_distances, gram_squared_distances
 from defenses.row_reads import scratch
 
 
@@ -145,9 +145,7 @@ def density_sample(points: Tensor, k: int, generator: torch.Generator) -> tuple[
     # squared distances from the sample's Gram product in the rows' dtype (one S^2 d
     # GEMM; float64 only for the S^2 sums): only their ranks are used
     sample = points[rows]
-    gram = (sample @ sample.transpose(0, 1)).double()
-    norms = torch.diagonal(gram)
-    distances = (norms.unsqueeze(0) + norms.unsqueeze(1) - 2 * gram).clamp_min(0)  # [S, S]
+    distances = gram_squared_distances((sample @ sample.transpose(0, 1)).double())  # [S, S]
     distances.fill_diagonal_(math.inf)  # a row is not its own neighbour
     m = max(1, math.ceil(rows.numel() / (2 * k)))
     reach = distances.sort(dim=1).values[:, min(m, rows.numel() - 1) - 1]

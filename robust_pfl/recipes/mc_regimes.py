@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -160,7 +160,6 @@ class Suite:
 
     out: Path
     mode: Mode
-    log: list[str] = field(default_factory=list)
     runs: int = 0
     run_seconds: float = 0.0  # of every run read or made, as each measured itself
 
@@ -192,7 +191,6 @@ class Suite:
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(result.__dict__))
         temporary.replace(path)
-        self.log.append(f"{regime.name} / {label} / seed {seed}: test {result.test_accuracy:.3f}")
         return self._counted(result)
 
     def _counted(self, outcome: Outcome) -> Outcome:

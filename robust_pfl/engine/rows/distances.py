@@ -33,10 +33,7 @@ def squared_distances(values: Tensor) -> Tensor:
     if values.dtype == torch.float64:
         return euclidean_distances(values, values).square()
     wide = values.double()
-    gram = wide @ wide.transpose(-1, -2)
-    norms = torch.diagonal(gram, dim1=-2, dim2=-1)
-    squared = (norms.unsqueeze(-1) + norms.unsqueeze(-2) - 2 * gram).clamp_min(0)
-    return squared.to(values.dtype)
+    return gram_squared_distances(wide @ wide.transpose(-1, -2)).to(values.dtype)
 
 
 def wide_squared_distances(values: Tensor) -> Tensor:
@@ -46,9 +43,21 @@ def wide_squared_distances(values: Tensor) -> Tensor:
     if values.dtype == torch.float64:
         return squared_distances(values)
     wide = values.double()
-    gram = wide @ wide.transpose(-1, -2)
+    return gram_squared_distances(wide @ wide.transpose(-1, -2))
+
+
+def gram_squared_distances(gram: Tensor) -> Tensor:
+    """Squared distances ``[..., N, N]`` from the rows' Gram matrix ``[..., N, N]`` (the
+    squared norms are its diagonal)."""
     norms = torch.diagonal(gram, dim1=-2, dim2=-1)
-    return (norms.unsqueeze(-1) + norms.unsqueeze(-2) - 2 * gram).clamp_min(0)
+    return squared_from_products(norms, norms, gram)
+
+
+def squared_from_products(left: Tensor, right: Tensor, products: Tensor) -> Tensor:
+    """``||a_p||^2 + ||b_q||^2 - 2 <a_p, b_q>``, clamped at 0: squared distances
+    ``[..., P, Q]`` from the squared norms ``left[..., P]`` and ``right[..., Q]`` and the
+    products ``[..., P, Q]``, in their dtype."""
+    return (left.unsqueeze(-1) + right.unsqueeze(-2) - 2 * products).clamp_min(0)
 
 
 def cosine_distances(rows: Rows) -> Tensor:
