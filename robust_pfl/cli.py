@@ -79,9 +79,6 @@ def _run_outputs(out: Path) -> list[str]:
 
 def _reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("results") / args.figure
-    if args.page is not None and args.figure != "mc-regimes":
-        print("error: --page applies to mc-regimes", file=sys.stderr)
-        return 2
     if args.device is not None and args.figure not in ("table1", "fig6"):
         print(f"error: --device applies to table1 and fig6; {args.figure} runs small float64 problems on the CPU",
               file=sys.stderr)
@@ -94,6 +91,7 @@ def _reproduce(args: argparse.Namespace) -> int:
                 out, quick=args.quick, data_dir=args.data_dir, seeds=args.seeds, partition=args.partition,
                 backend=backend, device=args.device,
             )
+        _publish(args, out, "table1.md")
         # the full run checks the paper's orderings; a quick run only smoke-tests the recipe (1: a cell errored)
         if args.quick:
             return 1 if summary.get("errored") else 0
@@ -107,8 +105,10 @@ def _reproduce(args: argparse.Namespace) -> int:
 
         panels = fig6.PANELS if args.panel == "both" else (args.panel,)
         with _backend(args, _recipe_resources(args)) as backend:
-            return fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend,
-                             device=args.device)
+            status = fig6.main(out, quick=args.quick, data_dir=args.data_dir, panels=panels, backend=backend,
+                               device=args.device)
+        _publish(args, out, "fig6.md", {"fig6.png": ".png"})
+        return status
     if args.data_dir is not None:
         print(f"error: --data-dir applies to table1 and fig6 only ({args.figure} uses synthetic data)", file=sys.stderr)
         return 2
@@ -128,6 +128,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     else:
         from robust_pfl.recipes import fig3 as recipe
     status = recipe.main(out, quick=args.quick, seeds=args.seeds)
+    _publish(args, out, f"{args.figure}.md", {f"{args.figure}.png": ".png"})
     return status if isinstance(status, int) else 0  # recipes that check the paper's shape return 1 on a miss
 
 
@@ -254,6 +255,18 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="ray: an existing cluster's address (default: a local one)")
 
 
+def _publish(args: argparse.Namespace, out: Path, markdown: str, figures: dict[str, str] | None = None) -> None:
+    """``--page PATH``: the recipe's page, headed by the command, commit and machine that
+    produced it, written to PATH (figures beside it; :mod:`robust_pfl.pages`)."""
+    if args.page is None:
+        return
+    from robust_pfl.pages import publish
+
+    threads = None if args.threads in (None, DEFAULT_THREADS) else args.threads
+    page = publish(out, markdown, Path(args.page), args.command_line, threads, figures)
+    print(f"wrote {page}")
+
+
 def _attack_table(args: argparse.Namespace) -> int:
     from robust_pfl.recipes import attack_table
 
@@ -261,6 +274,7 @@ def _attack_table(args: argparse.Namespace) -> int:
     with _backend(args, _recipe_resources(args)) as backend:
         summary = attack_table.main(out, quick=args.quick, seeds=args.seeds, tables=args.table, backend=backend,
                                     device=args.device)
+    _publish(args, out, "attack_table.md")
     return 1 if args.quick and summary.get("errored") else 0  # quick: a smoke run, 0 when every cell ran
 
 
@@ -386,8 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="table1: the official dealing, re-dealt every epoch (default), or fixed seeded shards",
     )
     reproduce.add_argument("--out", help="output directory (default results/<figure>)")
-    reproduce.add_argument("--page", default=None,
-                           help="mc-regimes: also replace the marked results block of this page (docs/mc.md)")
+    reproduce.add_argument("--page", default=None, metavar="PATH",
+                           help="also write the page there, headed by the command, commit and machine that produced it "
+                           "(figures beside it); mc-regimes: replace the marked results block of PATH (docs/mc.md)")
     reproduce.add_argument("--quick", action="store_true", help="fewer rounds, grid points and seeds")
     reproduce.add_argument(
         "--seeds", type=int, default=None,
@@ -419,6 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
         "attack-table", help="attack x defense tables: the synthetic, digits and systems grid files in configs/ (resumable)"
     )
     table.add_argument("--out", help="output directory (default results/attack_table)")
+    table.add_argument("--page", default=None, metavar="PATH",
+                       help="also write attack_table.md there, headed by the command, commit and machine that produced it")
     table.add_argument("--quick", action="store_true", help="fewer rounds, 1 seed: a smoke run")
     table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
     table.add_argument(
@@ -522,6 +539,7 @@ def _add_global_options_everywhere(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.command_line = shlex.join(["robust-pfl", *(sys.argv[1:] if argv is None else argv)])
     if args.threads == DEFAULT_THREADS:
         args.threads = None  # a grid's cells keep their [resources] cpus
     threads = DEFAULT_THREADS if args.threads is None else args.threads

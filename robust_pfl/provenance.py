@@ -52,6 +52,22 @@ def git_commit(package_dir: Path = PACKAGE_DIR) -> str | None:
     return commit
 
 
+@functools.cache
+def git_dirty(package_dir: Path = PACKAGE_DIR) -> bool:
+    """Whether the checkout :func:`git_commit` names has uncommitted changes to tracked
+    files (then a result is not that commit's alone); ``False`` where it cannot tell."""
+    if git_commit(package_dir) is None:
+        return False
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(package_dir.parent), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
 def package_version() -> str:
     return __version__
 

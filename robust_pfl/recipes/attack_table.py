@@ -38,6 +38,7 @@ import pandas as pd
 
 from robust_pfl.backends import Backend
 from robust_pfl.grid import grid_results, run_grid
+from robust_pfl.pages import grid_cells
 from robust_pfl.grid_file import Grid, expand_grid, on_device, read_grid_file
 from robust_pfl.recipes import quick_sentence
 from robust_pfl.engine.results import history_text, write_outputs
@@ -195,11 +196,13 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str =
     start = time.perf_counter()
     sections, histories, summary_tables = [], [], {}
     errored: dict[str, str] = {}
+    calls: list[dict[str, Any]] = []
     for name in names:
         grid, full = load(name, quick, seeds, device)
         measure = TABLES[name].measure
         mode = Mode(grid.cells[0].config["rounds"], len(labels(grid, "seed")))
-        errored.update(run_grid(grid, out / name, backend)["errored"])
+        calls.append(run_grid(grid, out / name, backend))
+        errored.update(calls[-1]["errored"])
         rows = grid_results(out / name, grid)
         values = relative_errors(rows) if measure == "relative_error" else accuracies(rows)
         success = accuracies(rows, "attack_success_rate") if measure == "backdoor" else None
@@ -221,7 +224,8 @@ def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str =
             "store": str(out / name / "results.csv"),
         }
     seconds = time.perf_counter() - start
-    summary = {"mode": "quick" if quick else "full", "tables": summary_tables, "seconds": seconds, "errored": errored}
+    summary = {"mode": "quick" if quick else "full", "tables": summary_tables, "seconds": seconds, "errored": errored,
+               "cells": grid_cells(calls)}
     document = "\n\n".join(sections) + f"\n\n{seconds:.0f} s in this call.\n"
     if errored:
         cells = "; ".join(f"{k}: {v}" for k, v in errored.items())

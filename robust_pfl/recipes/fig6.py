@@ -45,6 +45,7 @@ import pandas as pd
 from robust_pfl.backends import Backend
 from robust_pfl.engine.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
+from robust_pfl.pages import grid_cells
 from robust_pfl.grid_file import Grid, GridCell, expand_grid
 from robust_pfl.recipes import QUICK_SENTENCE
 from robust_pfl.engine.results import close_figure, png_writer, write_outputs
@@ -468,7 +469,8 @@ def main(
     scale = DIGITS if data_dir is None else MNIST
     start = time.perf_counter()
     grid = merged(grids(scale, data_dir, quick, panels, device), "reproduce fig6")
-    errors = run_grid(grid, out / "grid", backend)["errored"]
+    ran = run_grid(grid, out / "grid", backend)
+    errors = ran["errored"]
     frame = grid_results(out / "grid", grid)
     results = finals(frame)
     claim_rows = checks(frame, results)
@@ -497,6 +499,7 @@ def main(
         "holds": holds,
         "errored": errors,
         "seconds": seconds,
+        "cells": grid_cells([ran]),
         "device": describe_device(grid.cells[0].config["device"]),
     }
     body = markdown(results, claim_rows, decided=not quick)

@@ -37,6 +37,7 @@ from robust_pfl.experiments import build_task, validate
 from robust_pfl.backends import Backend
 from robust_pfl.engine.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
+from robust_pfl.pages import grid_cells
 from robust_pfl.grid_file import Grid, Resources, grid_cell
 from robust_pfl.recipes import QUICK_SENTENCE
 from robust_pfl.engine.results import history_text, write_outputs
@@ -218,7 +219,8 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
         mode = replace(mode, seeds=seeds)
     start = time.perf_counter()
     grid = cells(mode, data_dir, partition, device)
-    errored = run_grid(grid, out / "grid", backend)["errored"]
+    ran = run_grid(grid, out / "grid", backend)
+    errored = ran["errored"]
     rows = grid_results(out / "grid", grid).to_dict("records")
     results = final_metrics(rows)
     table = markdown(results, with_paper=data_dir is not None)
@@ -247,6 +249,7 @@ def main(out: Path, quick: bool = False, data_dir: str | None = None, seeds: int
         "dataset": dataset,
         "partition": partition,
         "seconds": seconds,
+        "cells": grid_cells([ran]),
         "device": describe_device(grid.cells[0].config["device"]),
     }
     write_outputs(out, summary, {
