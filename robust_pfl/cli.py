@@ -255,6 +255,18 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="ray: an existing cluster's address (default: a local one)")
 
 
+def _table_names(text: str) -> str:
+    """``--table``: ``all`` or a comma-separated list of the recipe's tables."""
+    from robust_pfl.recipes.attack_table import TABLES
+
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in TABLES]
+    if text != "all" and (unknown or not names):
+        raise argparse.ArgumentTypeError(f"unknown table(s) {', '.join(unknown)}; allowed: "
+                                         f"{', '.join(TABLES)}, all, or a comma-separated list")
+    return text
+
+
 def _publish(args: argparse.Namespace, out: Path, markdown: str, figures: dict[str, str] | None = None) -> None:
     """``--page PATH``: the recipe's page, headed by the command, commit and machine that
     produced it, written to PATH (figures beside it; :mod:`robust_pfl.pages`)."""
@@ -439,8 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     table.add_argument("--quick", action="store_true", help="fewer rounds, 1 seed: a smoke run")
     table.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3, quick 1)")
     table.add_argument(
-        "--table", choices=["synthetic", "digits", "systems", "backdoor", "all"], default="all",
-        help="which table (default all; backdoor: accuracy and attack success rate per defense)"
+        "--table", type=_table_names, default="all",
+        help="which tables, comma-separated: synthetic, digits, systems, backdoor, or all (default; backdoor: "
+        "accuracy and attack success rate per defense)"
     )
     _add_backend_options(table)
     _add_device_option(table)

@@ -190,9 +190,10 @@ def quick_note(mode: Mode, full: Mode, slow: list[str]) -> str:
 
 def main(out: Path, quick: bool = False, seeds: int | None = None, tables: str = "all",
          backend: Backend | None = None, device: str | None = None) -> dict[str, Any]:
-    """Run (or resume) the tables, write ``attack_table.md``, ``history.csv`` and
-    ``summary.json`` into ``out``; return the summary."""
-    names = list(TABLES) if tables == "all" else [tables]
+    """Run (or resume) the tables (``tables``: ``all`` or comma-separated names of
+    :data:`TABLES`), write ``attack_table.md``, ``history.csv`` and ``summary.json``
+    into ``out``; return the summary."""
+    names = list(TABLES) if tables == "all" else [name.strip() for name in tables.split(",")]
     start = time.perf_counter()
     sections, histories, summary_tables = [], [], {}
     errored: dict[str, str] = {}
