@@ -54,13 +54,15 @@ def git_commit(package_dir: Path = PACKAGE_DIR) -> str | None:
 
 @functools.cache
 def git_dirty(package_dir: Path = PACKAGE_DIR) -> bool:
-    """Whether the checkout :func:`git_commit` names has uncommitted changes to tracked
-    files (then a result is not that commit's alone); ``False`` where it cannot tell."""
+    """Whether the checkout :func:`git_commit` names has uncommitted changes to its
+    tracked code or configs (``*.py``, ``*.toml``: then a result is not that commit's
+    alone; a regenerated page or figure is not such a change); ``False`` where it
+    cannot tell."""
     if git_commit(package_dir) is None:
         return False
     try:
         done = subprocess.run(
-            ["git", "-C", str(package_dir.parent), "status", "--porcelain", "--untracked-files=no"],
+            ["git", "-C", str(package_dir.parent), "status", "--porcelain", "--untracked-files=no", "--", "*.py", "*.toml"],
             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False,
         )
     except (OSError, subprocess.SubprocessError):
