@@ -21,6 +21,16 @@ from robust_pfl.provenance import git_commit, git_dirty, machine_text
 
 #: What a page's first line starts with (tests/test_documented_numbers.py reads it).
 PROVENANCE_PREFIX = "*Produced by `"
+#: A page with text written by hand around its generated part marks that part; ``--page``
+#: then replaces only what lies between the markers.
+BEGIN, END = "<!-- generated: begin -->", "<!-- generated: end -->"
+
+
+def generated_part(text: str) -> str:
+    """What ``--page`` wrote into a page: the marked block, or the whole page."""
+    if BEGIN in text and END in text:
+        return text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip("\n") + "\n"
+    return text
 
 
 def provenance_line(command: str, seconds: float, threads: int | None, cells: Mapping[str, int] | None = None) -> str:
@@ -54,13 +64,17 @@ def publish(out: Path, markdown: str, page: Path, command: str, threads: int | N
             figures: Mapping[str, str] | None = None) -> Path:
     """Write ``out/markdown`` (a recipe's page) to ``page`` under its provenance line,
     read from ``out/summary.json`` (``seconds``, and ``cells`` where the recipe ran
-    grids); copy each ``figures`` entry (name in ``out`` -> suffix) beside it as
+    grids): the whole page, or only its block between :data:`BEGIN` and :data:`END`
+    where ``page`` has one (text written by hand around it is kept); copy each ``figures`` entry (name in ``out`` -> suffix) beside it as
     ``<page stem><suffix>``.  Return ``page``."""
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     body = (out / markdown).read_text(encoding="utf-8")
-    line = provenance_line(command, float(summary["seconds"]), threads, summary.get("cells"))
+    text = provenance_line(command, float(summary["seconds"]), threads, summary.get("cells")) + "\n\n" + body
     page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(line + "\n\n" + body, encoding="utf-8")
+    held = page.read_text(encoding="utf-8") if page.exists() else ""
+    if BEGIN in held and END in held:
+        text = held[:held.index(BEGIN) + len(BEGIN)] + "\n" + text.rstrip("\n") + "\n" + held[held.index(END):]
+    page.write_text(text, encoding="utf-8")
     for name, suffix in (figures or {}).items():
         if (out / name).exists():
             shutil.copyfile(out / name, page.with_name(page.stem + suffix))
