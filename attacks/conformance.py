@@ -11,6 +11,12 @@ What an attack must do (:class:`robust_pfl.engine.types.AttackBase`):
   into the messages; the same generator seed gives the same rows;
 * survive hostile input: NaN and Inf honest rows, a round where every sender is
   Byzantine, and global sender indices (a subgroup of the clients);
+* read ``context.defense_state`` as the defenses publish it
+  (:mod:`robust_pfl.engine.defense_state`): called with the declared state of every
+  built-in defense (random tensors of the declared shapes, probes, ``None`` where a
+  key is ``None`` in round 0), at each kind of delivery it declares, in rounds 0 and
+  1, it returns its rows, reads no key that defense leaves out (``.get`` with a
+  fallback does) and writes into none of the state's tensors;
 * honour what it declares: ``reads_messages = False`` means its rows do not depend on
   the message values, ``reads_own_rows = False`` that they do not depend on the
   Byzantine senders' own rows; ``write_rows`` / ``write_from`` (optional fast paths)
@@ -23,7 +29,8 @@ What an attack must do (:class:`robust_pfl.engine.types.AttackBase`):
   an attack that defines those hooks without subclassing it is refused (the engine
   would never call them).
 
-Each failed property raises :class:`ConformanceError` naming it.
+Each failed property raises :class:`ConformanceError` naming it (a key read that a
+defense does not publish: the key and the defense).
 """
 
 from __future__ import annotations
@@ -38,7 +45,15 @@ from torch import Tensor
 
 from attacks.base import NEED_TAGS, describe, reads_messages
 from robust_pfl.engine.conformance import ConformanceError
-from robust_pfl.engine.types import AttackBase, AttackContext, BackdoorAttack, attack_reads_own_rows
+from robust_pfl.engine.defense_state import DECLARED, Delivery, PublishedState, example_state
+from robust_pfl.engine.types import (
+    AttackBase,
+    AttackContext,
+    BackdoorAttack,
+    MessageKind,
+    attack_forges_losses,
+    attack_reads_own_rows,
+)
 
 SENDERS, DIM, STACK = 7, 5, 3
 BYZANTINE = torch.tensor([False, True, False, False, True, False, False])
@@ -48,6 +63,14 @@ BLOCK = torch.tensor([False, False, False, False, False, True, True])  # the Byz
 IMAGE, CLIENTS, SAMPLES = (3, 28, 28), 3, 10
 #: The hooks that make an attack a backdoor (:class:`BackdoorAttack`).
 BACKDOOR_HOOKS = ("check_target", "part_masks", "poison_samples", "stamp_trigger")
+#: The sizes of the defense states the checks hand an attack (the symbols of
+#: :mod:`robust_pfl.engine.defense_state`): ``S`` senders, a subgroup of ``N`` clients
+#: where the delivery lists its senders (else ``N = S``), ``R`` receivers, ``K`` centres.
+STATE_SIZES = {"N": 9, "S": SENDERS, "R": STACK, "d": DIM, "K": 2}
+#: The global client of each of the ``S`` senders of a subgroup delivery (FC's).
+SUBGROUP = torch.tensor([8, 2, 5, 7, 0, 3, 1])
+#: How a defense that publishes nothing delivers (an empty state).
+_NO_STATE = Delivery(("gradient",), ("S", "d"), (), "")
 
 
 def _require(condition: bool, attack: Any, message: str) -> None:
@@ -86,6 +109,7 @@ def check_attack(attack: Any, random: bool | None = None) -> None:
                                f"{', '.join(sorted(attack.__abstractmethods__))}")
     instance = attack() if isinstance(attack, type) else attack
     check_metadata(type(instance))
+    check_defense_states(instance)  # first: an unguarded state read fails here, named
     check_shapes_and_determinism(instance, random)
     check_hostile_inputs(instance)
     check_declared_reads(instance)
@@ -173,6 +197,83 @@ def check_declared_reads(attack: Any) -> None:
         garbage[:, BYZANTINE] = math.nan
         _require(identical(attack(values, context(seed=4)), attack(garbage, context(seed=4))), attack,
                  "declares reads_own_rows = False but its rows depend on the Byzantine senders' own rows")
+
+
+class WatchedState(dict):
+    """A ``defense_state`` that records the keys an attack reads, and those it reads
+    with ``[]`` that are missing (``.get`` of a missing key is a guarded read)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        super().__init__(state)
+        self.read: list[str] = []
+        self.missing: list[str] = []
+
+    def __getitem__(self, key: str) -> Any:
+        (self.read if key in self else self.missing).append(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self:
+            self.read.append(key)
+        return super().get(key, default)
+
+
+def check_defense_states(attack: Any, declared: tuple[PublishedState, ...] = DECLARED) -> None:
+    """Called with every declared defense state (``declared``, by default every
+    built-in defense's), at each kind of delivery it declares (loss reports only for an
+    attack that forges losses), in rounds 0 and 1: ``[..., B, d]`` rows, no missing key
+    read and no state tensor written.  A failure names the defense, the kind, the round
+    and the key (a missing one; else those read, with their declared shapes)."""
+    for published in declared:
+        for delivery in published.deliveries or (_NO_STATE,):
+            for kind in delivery.kinds:
+                if kind == "loss" and not attack_forges_losses(attack):
+                    continue  # the engine hands loss reports only to attacks that forge them
+                for round_index in (0, 1):
+                    check_defense_state(attack, published, delivery, kind, round_index)
+
+
+def check_defense_state(attack: Any, published: PublishedState, delivery: Delivery, kind: MessageKind,
+                        round_index: int) -> None:
+    """One call of :func:`check_defense_states`."""
+    sizes = dict(STATE_SIZES) if delivery.senders else {**STATE_SIZES, "N": STATE_SIZES["S"]}
+    shape = tuple(sizes[dim] if isinstance(dim, str) else dim for dim in delivery.messages)
+    values = messages(*shape, seed=round_index, dtype=torch.float32)
+    senders = SUBGROUP if delivery.senders else None
+    global_ids = SUBGROUP if senders is not None else torch.arange(sizes["S"])
+    receivers = global_ids[~BYZANTINE][: sizes["R"]] if delivery.receivers else None
+    state = WatchedState(example_state(delivery, round_index, sizes, torch.float32, torch.Generator().manual_seed(3)))
+    before = {key: value.clone() for key, value in state.items() if isinstance(value, Tensor)}
+    ctx = AttackContext(round_index=round_index, kind=kind, byzantine=BYZANTINE,
+                        cluster_ids=torch.zeros(sizes["S"], dtype=torch.long),
+                        generator=torch.Generator().manual_seed(5), receivers=receivers, senders=senders,
+                        defense_state=state)
+    where = f"the defense_state of {published.label} ({kind} deliveries, round {round_index})"
+    try:
+        rows = attack(values, ctx)
+    except ConformanceError:
+        raise
+    except Exception as error:
+        if state.missing:
+            offered = ", ".join(key.name for key in delivery.keys) or "nothing"
+            raise ConformanceError(
+                f"{type(attack).__name__}: reads defense_state[{state.missing[0]!r}], which {published.label} does "
+                f"not publish at {kind} deliveries (it publishes: {offered}); read it with .get and a fallback"
+            ) from error
+        raise ConformanceError(f"{type(attack).__name__}: fails on {where}, having read {_read(state, delivery)}: "
+                               f"{type(error).__name__}: {error}") from error
+    expected = (*shape[:-2], int(BYZANTINE.sum()), shape[-1])
+    _require(isinstance(rows, Tensor) and tuple(rows.shape) == expected, attack,
+             f"returned shape {tuple(getattr(rows, 'shape', ()))} on {where}, expected {expected}, having read "
+             f"{_read(state, delivery)}")
+    for key, value in before.items():
+        _require(identical(state[key], value), attack, f"wrote into defense_state[{key!r}] of {where}")
+
+
+def _read(state: WatchedState, delivery: Delivery) -> str:
+    """The keys an attack read, with their declared shapes."""
+    shapes = {key.name: key.shape_text() for key in delivery.keys}
+    return ", ".join(f"{key} {shapes[key]}" for key in dict.fromkeys(state.read)) or "no key"
 
 
 def check_fast_paths(attack: Any) -> None:

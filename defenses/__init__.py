@@ -47,6 +47,7 @@ from defenses.threshold_clustering import (
     nearest_centre,
     threshold_clustering,
 )
+from robust_pfl.engine.conformance import ConformanceError
 
 # Importing the modules registers their algorithms (imported for that side effect).
 from defenses import baselines, cfl, cgpfl, clustering_algorithms, clove, decentralised_clustering, ditto, fedspd, hypcluster, ifca, knn_per, trust_aggregation  # noqa: E402,F401  isort: skip
@@ -73,6 +74,7 @@ __all__ = [
     "register_aggregator",
     "check_aggregator",
     "check_algorithm",
+    "ConformanceError",
     "describe_aggregator",
     "Mean",
     "CoordinateMedian",

@@ -23,6 +23,9 @@ from typing import Any, Callable, ClassVar, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 from torch import Tensor
 
+from defenses.aggregators import AGGREGATORS, PRE_AGGREGATORS
+from robust_pfl.engine import defense_state
+from robust_pfl.engine.defense_state import PublishedState
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.registry import did_you_mean, registrar
 from robust_pfl.engine.types import RoundRecord
@@ -65,6 +68,9 @@ class Algorithm(ABC):
       (default None);
     * ``flower``, ``flower_node_attacks``: what the Flower adapter can wrap (default
       False: not wrapped);
+    * ``published_state``: what it passes to ``deliver`` as ``defense_state`` for
+      adaptive attacks, a :class:`~robust_pfl.engine.defense_state.PublishedState`
+      (default: nothing; :func:`defenses.check_algorithm` checks a short run against it);
 
     and implements the two abstract methods :meth:`step` and :meth:`client_models`.
     An algorithm whose state is more than its attributes' pickles (none so far) must
@@ -90,6 +96,9 @@ class Algorithm(ABC):
     #: gradient the node computes (or linear in it).  Otherwise (uploads made by several
     #: local steps) the strategy replaces the Byzantine uploads through ``deliver``.
     flower_node_attacks: ClassVar[bool] = False
+    #: The keys it publishes to adaptive attacks, declared where ``attacks`` can read
+    #: them (:mod:`robust_pfl.engine.defense_state`; docs/extending.md's reference).
+    published_state: ClassVar[PublishedState] = defense_state.NOTHING
 
     def __init__(self, federation: Federation, params: AlgorithmParams) -> None:
         if not isinstance(params, self.Params):
@@ -190,10 +199,30 @@ REGISTRY: dict[str, type[Algorithm]] = {}
 register = registrar(REGISTRY, "algorithm")
 
 
+#: Method names of the literature that are ``global`` with an aggregator (FedAvg:
+#: Global's default ``mean``), for the hint an unknown method name gets.
+METHOD_ALIASES = {"fedavg": "global", "fedsgd": "global"}
+
+
 def unknown_method(name: str) -> str:
     """What is said of a method name no algorithm registered: the one wording a config
-    load and :func:`build` share."""
-    return f"unknown method {name!r}{did_you_mean(name, REGISTRY)}; allowed: {sorted(REGISTRY)}"
+    load and :func:`build` share.  Besides the closest registered name, the hint says
+    that FedAvg, a robust aggregator's or a pre-aggregator's name is ``global`` with
+    that aggregator (a name from the papers that is not a method here)."""
+    return f"unknown method {name!r}{_method_hint(name)}; allowed: {sorted(REGISTRY)}"
+
+
+def _method_hint(name: str) -> str:
+    lowered = str(name).lower()
+    if lowered in METHOD_ALIASES:
+        return (f" ({name!r} is {METHOD_ALIASES[lowered]!r}: one shared model, its default aggregator "
+                "'mean' is FedAvg's)")
+    if lowered in AGGREGATORS:
+        return f" ({lowered!r} is a robust aggregator: name = 'global' with aggregator = '{lowered}')"
+    if lowered in PRE_AGGREGATORS:
+        return (f" ({lowered!r} is a pre-aggregator: name = 'global' with "
+                f"aggregator = {{name = 'mean', pre = ['{lowered}']}})")
+    return did_you_mean(name, REGISTRY)
 
 
 def build(name: str, federation: Federation, options: Mapping[str, Any] | None = None,

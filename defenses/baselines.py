@@ -14,6 +14,7 @@ from defenses.optimiser import HeavyBall
 from defenses.primitives import group_mean
 from defenses.aggregators import Aggregator, make_aggregator
 from defenses.round_buffers import RoundBuffers
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.types import RoundRecord
 
@@ -23,6 +24,7 @@ class Local(Algorithm):
     """Every client runs SGD on its own data alone: ``x_i -= eta * g_i(x_i)``."""
 
     name = "local"
+    published_state = defense_state.NOTHING
 
     flower = True
 
@@ -82,6 +84,7 @@ class Global(Algorithm):
     """
 
     name = "global"
+    published_state = defense_state.AGGREGATE
 
     flower = True
 
@@ -179,6 +182,7 @@ class GroundTruth(Algorithm):
     that cluster's clients (GT in Werner et al. Fig. 3 and Table 1)."""
 
     name = "ground_truth"
+    published_state = defense_state.GROUND_TRUTH
 
     flower = True
 

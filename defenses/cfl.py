@@ -54,6 +54,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_group_mean
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points
 from defenses.round_buffers import RoundBuffers, run_local_steps
 from robust_pfl.engine.federation import Federation
@@ -109,6 +110,7 @@ class ClusteredFL(Algorithm):
     """
 
     name = "cfl"
+    published_state = defense_state.CFL
 
     flower = True
 

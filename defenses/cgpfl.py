@@ -62,6 +62,7 @@ from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.kmeans_init import KMeansResult, kmeans
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_group_mean
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points, euclidean_distances
 from defenses.round_buffers import RoundBuffers
 from robust_pfl.engine.federation import Federation
@@ -201,6 +202,7 @@ class CGPFL(Algorithm):
     """
 
     name = "cgpfl"
+    published_state = defense_state.CGPFL
 
     flower = True
 

@@ -39,6 +39,7 @@ from defenses.base import AlgorithmParams, register
 from defenses.ifca import ClusterChoice, lowest_reported
 from defenses.kmeans_init import kmeans
 from defenses.optimiser import HeavyBall
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points
 from defenses.round_buffers import LocalStart, run_local_steps
 from robust_pfl.engine.data import Batch
@@ -120,6 +121,7 @@ class CLoVE(ClusterChoice):
     """
 
     name = "clove"
+    published_state = defense_state.CLOVE
 
     flower = True
 

@@ -16,6 +16,7 @@ from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
 from defenses.kmeans_init import dense_rows, density_sample, kmeans, kmeans_plus_plus
 from defenses.optimiser import HeavyBall
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points, squared_from_products
 from defenses.radius import RadiusPolicy, make_radius
 from defenses.threshold_clustering import ClusteringResult, Method, threshold_clustering
@@ -125,6 +126,7 @@ class FederatedClustering(Algorithm):
     """
 
     name = "fc"
+    published_state = defense_state.FC
 
     flower = True
 
@@ -577,6 +579,7 @@ class MyopicClustering(_ServerClustering):
     Sec. 2.1 (Fig. 1a)."""
 
     name = "myopic"
+    published_state = defense_state.SERVER_CLUSTERING
 
     flower = True
 
@@ -677,6 +680,7 @@ class MomentumClustering(_ServerClustering):
     and sends each client its nearest centre; ``x_i -= eta * v_{k_i}``."""
 
     name = "mc"
+    published_state = defense_state.SERVER_CLUSTERING
 
     flower = True
 

@@ -17,9 +17,13 @@ An algorithm (a subclass of :class:`defenses.Algorithm`, registered with
 models for the same seed, leave the federation's data unwritten, keep every honest
 model finite under such rows, and survive a checkpoint: pickled after some rounds and
 restored, it continues bit for bit as the uninterrupted run does.  Its declared flags
-are bools, and ``flower_node_attacks`` comes only with ``flower``.
+are bools, and ``flower_node_attacks`` comes only with ``flower``.  What it passes to
+``deliver`` as ``defense_state`` is what its ``published_state`` declares
+(:mod:`robust_pfl.engine.defense_state`): the same keys at each kind of delivery, of
+the declared shapes, ``None`` only where declared.
 
-Each failed property raises :class:`robust_pfl.engine.conformance.ConformanceError` naming it.
+Each failed property raises :class:`ConformanceError` naming it (``defenses.ConformanceError``,
+the class ``attacks.ConformanceError`` is too: :mod:`robust_pfl.engine.conformance`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch import Tensor
 
 from defenses.aggregators import Aggregator, make_aggregator
 from robust_pfl.engine.conformance import ConformanceError
+from robust_pfl.engine.defense_state import state_problems
 from robust_pfl.engine.types import AttackBase, AttackContext, RoundRecord
 
 F64 = torch.float64
@@ -181,7 +186,8 @@ def _options(cls: type, options: Mapping[str, Any] | None) -> dict[str, Any]:
 
 def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = None, rounds: int = 4) -> None:
     """Check an algorithm (a registered name, or a subclass of
-    :class:`defenses.Algorithm`) on a small federation: shapes of its models and round
+    :class:`defenses.Algorithm`) on a small federation: the ``defense_state`` it
+    publishes against its ``published_state``, shapes of its models and round
     records, seeded determinism, the federation's data untouched, and hostile Byzantine
     rows (NaN, Inf, 1e38, large gradients; float32 and float64) never reaching an
     honest client's model, and a checkpoint round trip.  ``options`` are passed to its
@@ -195,6 +201,7 @@ def check_algorithm(algorithm: str | type, options: Mapping[str, Any] | None = N
     cls = REGISTRY[algorithm] if isinstance(algorithm, str) else algorithm
     check_algorithm_declarations(cls)
     chosen = _options(cls, options)
+    check_algorithm_published_state(cls, chosen)
     check_algorithm_shapes(cls, chosen, rounds)
     check_algorithm_determinism(cls, chosen, rounds)
     check_algorithm_checkpoint(cls, chosen, rounds)
@@ -237,6 +244,27 @@ class HostileRows(AttackBase):
         return rows
 
 
+@dataclasses.dataclass(frozen=True)
+class StateRecorder(AttackBase):
+    """Sends the Byzantine clients' honest rows and records, at every delivery, what
+    in ``context.defense_state`` breaks the algorithm's ``published_state``."""
+
+    name: ClassVar[str] = "conformance_state_recorder"
+    summary: ClassVar[str] = "honest rows; records the published state"
+    needs: ClassVar[frozenset[str]] = frozenset({"adaptive"})
+    forges_losses: ClassVar[bool] = True  # loss reports carry state too
+    declared: Any = None
+    clients: int = 0
+    dim: int = 0
+    problems: list[str] = dataclasses.field(default_factory=list, compare=False, hash=False)
+
+    def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
+        self.problems.extend(state_problems(self.declared, context.kind, context.round_index, messages,
+                                            context.defense_state, self.clients, self.dim, context.receivers,
+                                            context.senders))
+        return messages[..., context.byzantine, :].clone()
+
+
 def _hostile_attacks() -> dict[str, HostileRows]:
     return {"nan": HostileRows(math.nan), "inf": HostileRows(math.inf), "-inf": HostileRows(-math.inf),
             "1e38": HostileRows(1e38), "large_gradient": HostileRows(1e6, 200.0)}
@@ -245,6 +273,21 @@ def _hostile_attacks() -> dict[str, HostileRows]:
 def _built(cls: type, options: dict[str, Any], seed: int, attack=None, dtype: torch.dtype = F64):
     federation = _small_federation(cls, seed, attack, dtype)
     return federation, cls(federation, cls.Params(**options))
+
+
+def check_algorithm_published_state(cls: type, options: dict[str, Any], rounds: int = 2) -> None:
+    """Over ``rounds`` rounds (round 0 included), every delivery's ``defense_state``
+    holds the keys ``cls.published_state`` declares for its kind of message (none for a
+    kind it declares nothing for), of the declared shapes and dtypes, ``None`` only
+    where declared; probes, called on the delivered messages, return the declared
+    shapes."""
+    probe = _small_federation(cls, 0, None)
+    recorder = StateRecorder(cls.published_state, probe.clients, probe.objective.dim)
+    federation, algo = _built(cls, options, 0, recorder)
+    for t in range(rounds):
+        algo.step(t)
+    _require(not recorder.problems, algo, f"its defense_state breaks its published_state "
+             f"({cls.published_state.label}): {'; '.join(dict.fromkeys(recorder.problems))}")
 
 
 def check_algorithm_shapes(cls: type, options: dict[str, Any], rounds: int = 4) -> None:

@@ -37,6 +37,7 @@ from defenses.clustering_algorithms import (
 )
 from defenses.graph_rounds import received_from_neighbours
 from defenses.optimiser import HeavyBall
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points, euclidean_distances, squared_norms
 from defenses.radius import (
     OFFICIAL_QUANTILE_FACTOR,
@@ -228,6 +229,7 @@ class PersonalizedDecentralizedTC(Algorithm):
     """
 
     name = "pdl_tc"
+    published_state = defense_state.PDL_TC
     summary = "PDL-TC: decentralised, each client clusters its neighbours' momenta around its own (workshop Alg. 3)"
     reference = "Werner et al., threshold-clustering workshop paper, Alg. 3"
     Params = PDLTCParams

@@ -11,6 +11,7 @@ from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.fedavg_step import FedAvgModel
 from defenses.optimiser import HeavyBall
 from defenses.round_buffers import RoundBuffers
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.types import RoundRecord
@@ -52,6 +53,7 @@ class Ditto(Algorithm):
     """
 
     name = "ditto"
+    published_state = defense_state.AGGREGATE
 
     flower = True
 

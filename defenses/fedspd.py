@@ -29,6 +29,7 @@ from torch.func import vmap
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.graph_rounds import received_from_neighbours, receiver_chunks
 from defenses.optimiser import HeavyBall
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points
 from robust_pfl.engine.data import Batch, ClientData
 from robust_pfl.engine.devices import memory_budget_mb, same_device
@@ -149,6 +150,7 @@ class FedSPD(Algorithm):
     """
 
     name = "fedspd"
+    published_state = defense_state.FEDSPD
     summary = "FedSPD: decentralised soft clustering on a graph, S centres per client, per-sample relabelling"
     reference = "Lin, Yagin, Joe-Wong 2025 (UAI), FedSPD: soft-clustering personalized decentralized FL, Alg. 1"
     Params = FedSPDParams

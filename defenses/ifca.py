@@ -23,6 +23,7 @@ from torch import Tensor
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.optimiser import HeavyBall
 from defenses.primitives import admissible_group_mean
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.rows import admissible_points
 from defenses.round_buffers import LocalStart, RoundBuffers, run_local_steps
 from robust_pfl.engine.data import Batch
@@ -108,6 +109,7 @@ class IFCA(ClusterChoice):
     overflowing row cannot stop a model's training."""
 
     name = "ifca"
+    published_state = defense_state.IFCA
 
     flower = True
 
@@ -160,6 +162,7 @@ class IFCAModelAveraging(ClusterChoice):
     """
 
     name = "ifca_model_avg"
+    published_state = defense_state.IFCA
 
     flower = True
 

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from defenses.base import Algorithm, AlgorithmParams, register
 from defenses.fedavg_step import FedAvgModel
+from robust_pfl.engine import defense_state
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.types import RoundRecord
@@ -54,6 +55,7 @@ class KNNPer(Algorithm):
     """
 
     name = "knn_per"
+    published_state = defense_state.AGGREGATE
     summary = "KNN-Per: FedAvg model mixed with a k-NN vote over the client's own data (classification)"
     reference = "Marfoq, Neglia, Vidal, Kameni, Zhang 2022 (ICML), Personalized FL through local memorization"
     Params = KNNPerParams

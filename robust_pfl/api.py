@@ -4,7 +4,13 @@ dict, a TOML file or a validated config and get the results as a tidy
 
 An attack, aggregator or algorithm registered in the same process (``@attacks.register``
 on a class of your own, ``defenses.register``, ...) can be named in the config like
-the package's own (docs/extending.md).
+the package's own (docs/extending.md).  A dict config's relative ``.py`` plug-in paths
+resolve against the working directory (a TOML file's against its directory).
+
+:func:`run` runs on torch's thread count as it stands: set it with
+``torch.set_num_threads(n)`` before the call (the command line's ``--threads`` and its
+``auto`` policy apply to commands only; a grid's cells run on its ``[resources] cpus``;
+results are bit-identical across counts).  docs/python.md shows the frame and a run.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any, Mapping
 
 import pandas
 
-from robust_pfl.config import ExperimentConfig, load_config, parse_config
+from robust_pfl.config import ExperimentConfig
 
 ConfigLike = ExperimentConfig | Mapping[str, Any] | str | Path
 #: The columns of :func:`run`'s frame: one row per method, seed, evaluated round and metric.
@@ -24,17 +30,21 @@ RUN_COLUMNS = ("method", "seed", "round", "metric", "value")
 
 
 def experiment_config(config: ConfigLike, device: str | None = None) -> ExperimentConfig:
-    """``config`` as a validated run config: a dict (the TOML's structure), the path
-    of a TOML run file, or an :class:`ExperimentConfig`.  Raises
-    :class:`~robust_pfl.config.ConfigError` naming every bad field."""
+    """``config`` as a validated run config: a dict (the TOML's structure) or the path
+    of a TOML run file, checked in full (:func:`robust_pfl.experiments.parse_and_validate`),
+    or an :class:`ExperimentConfig`, returned as it is.  Raises
+    :class:`~robust_pfl.config.ConfigError` naming every bad field, of every stage of
+    the checks at once."""
+    from robust_pfl.experiments import load_and_validate, parse_and_validate
+
     if isinstance(config, ExperimentConfig):
         return config
     if isinstance(config, (str, Path)):
-        return load_config(config, device=device)
+        return load_and_validate(config, device=device)
     data = dict(config)
     if device is not None:
         data["device"] = device
-    return parse_config(data)
+    return parse_and_validate(data)
 
 
 def run(config: ConfigLike, *, out_dir: str | Path | None = None, progress: bool | None = None,
@@ -50,13 +60,19 @@ def run(config: ConfigLike, *, out_dir: str | Path | None = None, progress: bool
         resume: continue from ``out_dir``'s checkpoints.
 
     Returns:
-        A frame with columns :data:`RUN_COLUMNS`; ``frame.pivot_table(index="round",
+        A frame with columns :data:`RUN_COLUMNS` (``history.csv``'s): one row per
+        method (its ``label``, default its name), seed, evaluated round (0: before
+        training) and metric (docs/config.md, "Data and metrics").  Accuracies are
+        fractions in [0, 1] here (``robust-pfl results`` shows them in percent).  There
+        is no ``attack`` column: the attack is the config's one (``run_grid``'s frame
+        has one where the grid sweeps it); add it with ``frame.assign(attack=...)``
+        before concatenating runs.  ``frame.pivot_table(index="round",
         columns="method", values="value")`` on one metric gives its curves.
     """
     from robust_pfl.experiments import run_experiment, run_table, validate
     from robust_pfl.engine.results import ResultTable
 
-    parsed = validate(experiment_config(config))
+    parsed = validate(config) if isinstance(config, ExperimentConfig) else experiment_config(config)
     if out_dir is None:
         table: ResultTable = run_table(parsed, None, progress, resume, validated=True)
         return pandas.DataFrame(table.rows, columns=list(RUN_COLUMNS))

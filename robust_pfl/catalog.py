@@ -1,9 +1,9 @@
-"""What is registered, for ``robust-pfl attacks`` and ``robust-pfl defenses``: one line
-per entry (name, tags, summary) and its parameters with defaults, as a config file
-writes them, wrapped to the terminal.
+"""What is registered, for ``robust-pfl attacks`` and ``robust-pfl defenses`` (algorithms,
+robust aggregators, pre-aggregators): one line per entry (name, tags, summary) and its
+parameters with defaults, as a config file writes them, wrapped to the terminal.
 
-Reads any registered class: attack and aggregator dataclasses (each option's
-description from its pydantic ``Field``, or a plain dataclass field's
+Reads any registered class: attack, aggregator and pre-aggregator dataclasses (each
+option's description from its pydantic ``Field``, or a plain dataclass field's
 ``metadata["description"]``), and algorithms whose parameters are a pydantic model
 (``cls.Params``).
 """
@@ -24,7 +24,7 @@ from robust_pfl.engine.types import AttackBase
 from robust_pfl.engine.validation import descriptions
 
 if TYPE_CHECKING:
-    from defenses import Aggregator, Algorithm
+    from defenses import Aggregator, Algorithm, PreAggregator
 
 #: What a config names for no attack (``attacks.NO_ATTACK``; the core does not import
 #: ``attacks``).
@@ -105,8 +105,9 @@ def algorithm_entries(registry: Mapping[str, type[Algorithm]]) -> list[Entry]:
             for name, cls in sorted(registry.items())]
 
 
-def aggregator_entries(registry: Mapping[str, type[Aggregator]]) -> list[Entry]:
-    """Every registered robust aggregator by name, with its reference."""
+def aggregator_entries(registry: Mapping[str, type[Aggregator] | type[PreAggregator]]) -> list[Entry]:
+    """Every registered robust aggregator (or pre-aggregator: the same class
+    attributes) by name, with its reference."""
     return [Entry(name, _with_reference(cls.summary, cls.reference), (), parameters_of(cls))
             for name, cls in sorted(registry.items())]
 

@@ -25,6 +25,8 @@ class CellTask:
     threads: int  # torch intra-op threads for the cell
     #: the config's plug-ins as the grid imported them (robust_pfl.plugins.shipped_sources)
     plugins: tuple[PluginSource, ...] = ()
+    #: ``--verbose``: a checkpointed cell writes a line when it resumes and at each checkpoint
+    verbose: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,9 @@ def execute_cell(task: CellTask) -> CellOutcome:
     """Run one cell on ``task.threads`` torch threads with deterministic algorithms
     (restored afterwards, so an in-process run leaves the caller's settings), after
     importing the plug-ins shipped with it; an ``Exception`` becomes the outcome's
-    ``error``.  A checkpointed (long) cell writes a
-    line to stderr when it resumes and at each checkpoint, with its minutes so far."""
+    ``error``.  With ``task.verbose``, a checkpointed (long) cell writes a line to
+    stderr when it resumes and at each checkpoint, with its minutes so far; without it
+    none (they were most of a long recipe's log)."""
     import torch
 
     from robust_pfl.experiments import run_cell_config
@@ -57,7 +60,7 @@ def execute_cell(task: CellTask) -> CellOutcome:
         install_sources(task.plugins, task.source)
         with deterministic_kernels_within(task.config.get("device", "cpu")):
             checkpoint = None if task.checkpoint is None else Path(task.checkpoint)
-            report = None if checkpoint is None else partial(_report, task.source, start)
+            report = partial(_report, task.source, start) if checkpoint is not None and task.verbose else None
             raw = run_cell_config(task.config, task.source, checkpoint=checkpoint, report=report)
         rows = [{"round": int(r["round"]), "metric": str(r["metric"]), "value": float(r["value"])} for r in raw]
     except Exception as caught:  # a failing cell is recorded; the grid goes on

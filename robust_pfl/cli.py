@@ -14,16 +14,16 @@ from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from robust_pfl.config import ConfigError, load_config
+from robust_pfl.config import ConfigError
 from robust_pfl.costs import CostWarning
 
 
 def _run(args: argparse.Namespace) -> int:
-    from robust_pfl.experiments import run_experiment, validate
+    from robust_pfl.experiments import load_and_validate, run_experiment
 
     if args.resume and args.overwrite:
         raise ConfigError("--resume continues the run in OUT, --overwrite starts it afresh: give one of them")
-    config = validate(load_config(args.config, device=args.device), args.config)
+    config = load_and_validate(args.config, device=args.device)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
     held = _run_outputs(out)
     if held and not (args.resume or args.overwrite):
@@ -144,6 +144,7 @@ def _theory_report(args: argparse.Namespace) -> int:
     except ValueError as error:  # an unknown --only name, named with the registered ones
         print(f"error: {error}", file=sys.stderr)
         return 2
+    _head_with_provenance(Path(summary["paths"]["report"]), args, summary["seconds"])
     width = max((len(name) for name in summary["statuses"]), default=0)
     for name, status in summary["statuses"].items():
         flag = "  <- contradicts its kind" if name in summary["contradictions"] else ""
@@ -255,6 +256,16 @@ def _add_backend_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="ray: an existing cluster's address (default: a local one)")
 
 
+def _head_with_provenance(report: Path, args: argparse.Namespace, seconds: float) -> None:
+    """Put the command, commit and machine that produced ``report`` under its title."""
+    from robust_pfl.pages import provenance_line
+
+    threads = None if args.threads in (None, DEFAULT_THREADS) else args.threads
+    title, _, rest = report.read_text(encoding="utf-8").partition("\n")
+    line = provenance_line(args.command_line, seconds, threads)
+    report.write_text(f"{title}\n\n{line}\n{rest}", encoding="utf-8")
+
+
 def _table_names(text: str) -> str:
     """``--table``: ``all`` or a comma-separated list of the recipe's tables."""
     from robust_pfl.recipes.attack_table import TABLES
@@ -306,19 +317,25 @@ def _list_defenses(args: argparse.Namespace) -> int:
     title = ("Robust aggregators (for 'global': aggregator = NAME or {name = ..., ...};\n"
              "an unset Byzantine budget f follows the run's Byzantine count):")
     print(render(title, aggregator_entries(defenses.AGGREGATORS), not args.brief))
+    title = ("Pre-aggregators (rows to rows before a robust aggregator, in order:\n"
+             "aggregator = {name = ..., pre = [NAME or {name = ..., ...}, ...]}):")
+    print(render(title, aggregator_entries(defenses.PRE_AGGREGATORS), not args.brief))
     return 0
 
 
 def _download(args: argparse.Namespace) -> int:
-    from robust_pfl.engine.datasets import DatasetError
-    from robust_pfl.engine.datasets.download import download_mnist
+    from robust_pfl.engine.datasets import DATA_ENV_VAR, DatasetError
+    from robust_pfl.engine.datasets.download import SOURCES, download_dataset
 
     try:
-        path = download_mnist(args.dest, allow=True)
+        path = download_dataset(args.dataset, args.dest, allow=True)
     except DatasetError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"MNIST files verified in {path}; use --data-dir {path} or ROBUST_PFL_DATA={path.parent}")
+    # $ROBUST_PFL_DATA also finds a data set in its <root>/<name> subdirectory
+    root = path.parent if path.name == args.dataset else path
+    print(f"{SOURCES[args.dataset].title} verified in {path}; name it with data_dir = \"{path}\" in the "
+          f"config's [task] table, or set {DATA_ENV_VAR}={root}")
     return 0
 
 
@@ -342,15 +359,25 @@ def _results(args: argparse.Namespace) -> int:
     from robust_pfl.summaries import compare_tables, render, summary_table
     from robust_pfl.worst_case.results import is_benchmark, worst_case_text
 
+    if args.compare is None and (args.match is not None or args.across is not None):
+        raise ConfigError("--match and --across choose how --compare OTHER matches rows: give --compare")
     if args.compare is None and is_benchmark(args.results):
         print(worst_case_text(args.results, args.format), end="")
         return 0
     if args.compare is None:
         table = summary_table(args.results, args.metric)
     else:
-        table = compare_tables(args.results, args.compare, args.metric)
+        table = compare_tables(args.results, args.compare, args.metric, match=args.match, across=args.across)
     print(render(table, args.format), end="")
     return 0
+
+
+def _label_list(text: str) -> list[str]:
+    """``method,seed`` as ``["method", "seed"]`` (a label name holds no comma)."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated label names, got {text!r}")
+    return names
 
 
 class _Version(argparse.Action):
@@ -471,10 +498,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run every check on the instances of seeds 0..N-1; the report adds each seed's status")
     report.set_defaults(handler=_theory_report)
     download = commands.add_parser(
-        "download", help="fetch MNIST from the network (explicit only; checksum-verified, never in tests)"
+        "download", help="fetch a data set from the network (explicit only; checksum-verified, never in tests)"
     )
-    download.add_argument("dataset", choices=["mnist"])
-    download.add_argument("dest", help="directory to write the four .gz files into")
+    download.add_argument("dataset", choices=["mnist", "fashion_mnist", "cifar10", "cifar100"])
+    download.add_argument("dest", help="directory to write the files into (a CIFAR archive is unpacked there)")
     download.set_defaults(handler=_download)
     plot = commands.add_parser(
         "plot", help="curves, heatmap and Byzantine-fraction figures (PNG, PDF) of a grid's or run's results"
@@ -495,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "benchmark's (its worst-case table)")
     results.add_argument("--compare", metavar="OTHER", default=None,
                          help="another store or run: each cell's difference (STORE_OR_RUN - OTHER), cells only in one listed")
+    matching = results.add_mutually_exclusive_group()
+    matching.add_argument("--match", metavar="LABELS", type=_label_list, default=None,
+                          help="with --compare: match rows on these labels only (comma-separated, e.g. method or "
+                          "method,seed); every other label is compared across, each side's value shown")
+    matching.add_argument("--across", metavar="LABELS", type=_label_list, default=None,
+                          help="with --compare: match rows on every label but these (e.g. attack: two runs under "
+                          "different attacks, method by method); naming seed in either gives rows per seed, not averaged")
     results.add_argument("--format", choices=["md", "latex", "csv"], default="md",
                          help="md: a Markdown table (default); latex: a booktabs tabular; csv: every number, unrounded")
     results.add_argument("--metric", nargs="+", action="extend", metavar="NAME", default=None,
@@ -502,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     results.set_defaults(handler=_results)
     for name, handler, text in (
         ("attacks", _list_attacks, "list registered attacks with their parameters"),
-        ("defenses", _list_defenses, "list registered algorithms and robust aggregators"),
+        ("defenses", _list_defenses, "list registered algorithms, robust aggregators and pre-aggregators"),
     ):
         listing = commands.add_parser(name, help=text)
         listing.add_argument("--brief", action="store_true", help="one line each, no parameters")
@@ -527,8 +561,8 @@ def _thread_count(text: str) -> int | str:
 
 
 def _add_global_options(parser: argparse.ArgumentParser, top: bool = False) -> None:
-    """``--threads`` and ``--quiet``, taken before or after the subcommand (a subcommand's
-    copy sets them only when given, so it never undoes the one before it)."""
+    """``--threads``, ``--quiet`` and ``--verbose``, taken before or after the subcommand
+    (a subcommand's copy sets them only when given, so it never undoes the one before it)."""
     unset = {} if top else {"default": argparse.SUPPRESS}
     parser.add_argument(
         "--threads", type=_thread_count, metavar="N", **({"default": None} | unset),
@@ -539,6 +573,10 @@ def _add_global_options(parser: argparse.ArgumentParser, top: bool = False) -> N
     )
     parser.add_argument("--quiet", action="store_true", **({"default": False} | unset),
                         help="no progress bar or progress lines on stderr")
+    if "--verbose" not in parser._option_string_actions:  # flower's own --verbose sets it too
+        parser.add_argument("--verbose", action="store_true", **({"default": False} | unset),
+                            help="also a line on stderr at every checkpoint a run or grid cell saves, and when "
+                            "one resumes")
 
 
 def _add_global_options_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -560,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --threads must be >= 1", file=sys.stderr)
         return 2
     try:
-        with _process_settings(threads, args.quiet):
+        with _process_settings(threads, args.quiet, args.verbose):
             return args.handler(args)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -568,9 +606,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextmanager
-def _process_settings(threads: int | str, quiet: bool):
+def _process_settings(threads: int | str, quiet: bool, verbose: bool = False):
     """torch's thread count (a number, or ``auto``: :class:`robust_pfl.engine.threads.AutoThreads`,
-    one thread until the work's first progress update decides) and ``--quiet`` for one
+    one thread until the work's first progress update decides), ``--quiet`` and
+    ``--verbose`` (environment variables, so a grid's workers see them too) for one
     command, restored afterwards (so a caller of :func:`main` keeps its own)."""
     import os
 
@@ -578,23 +617,24 @@ def _process_settings(threads: int | str, quiet: bool):
 
     from robust_pfl.engine import threads as policy
 
-    before, silenced = torch.get_num_threads(), os.environ.get("ROBUST_PFL_QUIET")
+    flags = [name for name, on in (("ROBUST_PFL_QUIET", quiet), ("ROBUST_PFL_VERBOSE", verbose)) if on]
+    before, saved = torch.get_num_threads(), {name: os.environ.get(name) for name in flags}
     formatter = warnings.formatwarning
     warnings.formatwarning = partial(_format_warning, formatter)
     torch.set_num_threads(1 if threads == DEFAULT_THREADS else threads)
     previous = policy.use(policy.AutoThreads() if threads == DEFAULT_THREADS else None)
-    if quiet:
-        os.environ["ROBUST_PFL_QUIET"] = "1"
+    os.environ.update(dict.fromkeys(flags, "1"))
     try:
         yield
     finally:
         warnings.formatwarning = formatter
         policy.use(previous)
         torch.set_num_threads(before)
-        if quiet and silenced is None:
-            os.environ.pop("ROBUST_PFL_QUIET", None)
-        elif quiet:
-            os.environ["ROBUST_PFL_QUIET"] = silenced
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _format_warning(default: Callable[..., str], message: Warning | str, category: type[Warning],

@@ -1,9 +1,10 @@
 """Experiment configuration (TOML), validated before any work is done.
 
 Every field is checked at load time; an invalid config raises :class:`ConfigError`
-whose message names the field (dotted path) and the allowed values.  Method and
-attack options are validated against the registered classes by the composition root
-(:func:`robust_pfl.experiments.validate`).
+whose message names each bad field (dotted path) and the allowed values, every stage's
+at once (:func:`check_config`).  Method and attack options are validated against the
+registered classes by the composition root (:func:`robust_pfl.experiments.validate`;
+:func:`robust_pfl.experiments.parse_and_validate` reports both in one error).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import re
 import tomllib
 from copy import copy
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Sequence, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -22,11 +24,13 @@ from pydantic import (
     PrivateAttr,
     Tag,
     ValidationError,
+    ValidationInfo,
     create_model,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import InitErrorDetails
 
 from robust_pfl.engine.devices import DEVICE_PATTERN
 from robust_pfl.engine.placement import ByzantinePlacement
@@ -193,6 +197,17 @@ class TheoryConfig(_Strict):
         return value
 
 
+class FlowerOptions(_Strict):
+    """The ``[flower]`` table: how ``robust-pfl flower`` runs the config as a Flower
+    simulation (:mod:`robust_pfl.flower`).  It lives in the run config's schema so that
+    one file serves ``robust-pfl run`` (which validates the table and ignores it) and
+    ``robust-pfl flower``; checking it needs no flwr."""
+
+    nodes: int | None = Field(None, ge=1, description="supernodes; must equal the run's clients (default: them)")
+    cpus_per_node: float = Field(1.0, gt=0, description="CPUs each ClientApp actor reserves (Ray backend)")
+    timeout_s: float = Field(600.0, gt=0, description="how long the strategy waits for one exchange's replies")
+
+
 class ExperimentConfig(_Strict):
     """One experiment: a task, Byzantine clients and attack, methods, seeds, and
     optionally theory estimates recorded along the run."""
@@ -216,6 +231,11 @@ class ExperimentConfig(_Strict):
     checkpoint_every: int | None = Field(
         None, ge=1, description="rounds between checkpoints of a run's full state (None: no checkpoints)"
     )
+    flower: FlowerOptions | None = Field(
+        None, exclude=True,
+        description="robust-pfl flower's options; `run` ignores them (left out of dumps, cell keys and checkpoint "
+        "fingerprints: they never change a result)",
+    )
     #: What validation built from this config, carried to every run of it (the attack,
     #: each method's parameters, the device): :func:`robust_pfl.experiments.built`.
     _built: Any = PrivateAttr(None)
@@ -236,27 +256,18 @@ class ExperimentConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _byzantine_clusters_exist(self) -> "ExperimentConfig":
-        chosen = self.byzantine.clusters or []
-        if any(not 0 <= k < self.task.clusters for k in chosen):
-            raise ValueError(
-                f"byzantine.clusters must be cluster indices in [0, {self.task.clusters}), got {chosen}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _separation_needs_clusters(self) -> "ExperimentConfig":
-        wanted = set(self.theory.estimate) if self.theory else set()
-        if wanted & {"Delta", "momentum"} and self.task.clusters < 2:
-            raise ValueError(
-                "theory.estimate: 'Delta' and 'momentum' compare clusters and need task.clusters >= 2, "
-                f"got {self.task.clusters}"
-            )
-        if "momentum" in wanted and self.task.clients_per_cluster < 2:
-            raise ValueError(
-                "theory.estimate: 'momentum' measures the momenta's spread within clusters and needs "
-                f"task.clients_per_cluster >= 2, got {self.task.clients_per_cluster}"
-            )
+    def _cross_checks(self, info: ValidationInfo) -> "ExperimentConfig":
+        """Every check across tables (:data:`CROSS_CHECKS`) at once, each failure at its
+        field, so that one report names them all; a check reading a part the context's
+        :data:`UNCHECKED` names is skipped (that part was refused and replaced by its
+        default, which the check would judge instead of what the file says)."""
+        unchecked = (info.context or {}).get(UNCHECKED, frozenset())
+        errors = [
+            InitErrorDetails(type="value_error", loc=loc, input=None, ctx={"error": ValueError(message)})
+            for reads, check in CROSS_CHECKS if not reads & unchecked for loc, message in check(self)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
 
     @field_validator("device")
@@ -265,6 +276,40 @@ class ExperimentConfig(_Strict):
         if not re.fullmatch(DEVICE_PATTERN, value):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps', got {value!r}")
         return value
+
+
+#: The key of pydantic's validation context (``model_validate(data, context=...)``)
+#: holding the parts of a config already refused and replaced (:func:`check_config`):
+#: top-level keys, ``methods[i]``, and ``plugins`` when a plug-in failed to import.
+UNCHECKED = "unchecked"
+
+CrossProblem = tuple[tuple[str, ...], str]  # (pydantic location, message)
+
+
+def _byzantine_clusters_exist(config: ExperimentConfig) -> list[CrossProblem]:
+    chosen = config.byzantine.clusters or []
+    if any(not 0 <= k < config.task.clusters for k in chosen):
+        return [(("byzantine", "clusters"), f"must be cluster indices in [0, {config.task.clusters}), got {chosen}")]
+    return []
+
+
+def _separation_needs_clusters(config: ExperimentConfig) -> list[CrossProblem]:
+    wanted = set(config.theory.estimate) if config.theory else set()
+    if wanted & {"Delta", "momentum"} and config.task.clusters < 2:
+        return [(("theory", "estimate"), "'Delta' and 'momentum' compare clusters and need task.clusters >= 2, "
+                 f"got {config.task.clusters}")]
+    if "momentum" in wanted and config.task.clients_per_cluster < 2:
+        return [(("theory", "estimate"), "'momentum' measures the momenta's spread within clusters and needs "
+                 f"task.clients_per_cluster >= 2, got {config.task.clients_per_cluster}")]
+    return []
+
+
+#: The schema's checks across tables, each with the top-level keys it reads: run after
+#: every field is valid, skipped where a key it reads was refused (:data:`UNCHECKED`).
+CROSS_CHECKS: tuple[tuple[frozenset[str], Callable[[ExperimentConfig], list[CrossProblem]]], ...] = (
+    (frozenset({"byzantine", "task"}), _byzantine_clusters_exist),
+    (frozenset({"theory", "task"}), _separation_needs_clusters),
+)
 
 
 def field_path(loc: Sequence[str | int]) -> str:
@@ -421,31 +466,142 @@ def check_nesting(data: Any, what: str) -> None:
             pending.extend((item, depth + 1, f"{where}[{index}]") for index, item in enumerate(value))
 
 
-def parse_config(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
-    """Validate a plain mapping; raise :class:`ConfigError` naming bad fields.  Its
-    ``plugins`` are imported first (:mod:`robust_pfl.plugins`; ``.py`` paths relative to
-    ``base_dir``, else the working directory), so the names they register validate."""
-    from robust_pfl.plugins import load_plugins, with_resolved_paths
+Problem = tuple[str, str]  # (field path, message); "" where the message names its field
+
+
+@dataclass(frozen=True)
+class ConfigCheck:
+    """What :func:`check_config` found: each stage's problems, in stage order, and the
+    config the next stage (:func:`robust_pfl.experiments.validate`) runs on."""
+
+    stages: tuple[tuple[Problem, ...], ...]
+    #: The valid config, or (after problems) the config with each refused part
+    #: replaced by its default; None where no replacement makes a config.
+    config: ExperimentConfig | None
+    #: The refused parts (top-level keys, ``methods[i]``; ``plugins`` when an import
+    #: failed): a later check reading one of them is skipped.
+    unchecked: frozenset[str]
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Every stage's problems, each field named once (:func:`merged_problems`)."""
+        return merged_problems(*self.stages)
+
+
+def check_config(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ConfigCheck:
+    """Check a plain mapping in stages, each reporting every problem it finds, so that
+    one report names every bad field: the ``plugins``' imports (:mod:`robust_pfl.plugins`;
+    ``.py`` paths relative to ``base_dir``, else the working directory; first, so the
+    names they register validate), the schema's fields (every table at once), then its
+    checks across tables (:data:`CROSS_CHECKS`, which pydantic runs only on valid
+    fields).
+
+    A stage runs on what the stages before left: each part they refused (a top-level
+    key, one of the ``methods``) is replaced by its default and named in
+    :attr:`ConfigCheck.unchecked`, so a check reading it is skipped (it would judge the
+    default, not the file) while the checks of the other parts still run.  A nesting
+    too deep to copy is the one problem raised at once (:func:`check_nesting`)."""
+    from robust_pfl.plugins import plugin_problems, with_resolved_paths
 
     check_nesting(data, f"config {source}")
-    data = with_resolved_paths(data, base_dir)
-    load_plugins(data.get("plugins"), source)
-    try:
-        return ExperimentConfig.model_validate(data)
-    except ValidationError as error:
-        raise config_error(source, validation_problems(error, ExperimentConfig)) from None
+    data = with_resolved_paths(dict(data), base_dir)
+    imports = plugin_problems(data.get("plugins"))
+    stages: list[tuple[Problem, ...]] = [tuple(imports)]
+    replaced: set[str] = set()
+    unchecked = {"plugins"} if imports else set()
+    for _ in range(3):  # the fields; the cross-checks, once the fields are valid; a last try
+        try:
+            config = ExperimentConfig.model_validate(data, context={UNCHECKED: frozenset(unchecked)})
+        except ValidationError as error:
+            stages.append(tuple(validation_problems(error, ExperimentConfig)))
+            refused = {_refused_part(item["loc"]) for item in error.errors()}
+            if "" in refused or refused <= replaced:  # nothing left to replace: no config to go on with
+                break
+            replaced |= refused
+            unchecked |= refused
+            data = _with_defaults(data, refused)
+        else:
+            return ConfigCheck(tuple(stages), config, frozenset(unchecked))
+    return ConfigCheck(tuple(stages), None, frozenset(unchecked))
+
+
+def _refused_part(loc: Sequence[str | int]) -> str:
+    """The part of a config a pydantic location lies in: ``methods[i]`` for one
+    method, else the top-level key ("" for the whole config)."""
+    if not loc:
+        return ""
+    if loc[0] == "methods" and len(loc) > 1 and isinstance(loc[1], int):
+        return f"methods[{loc[1]}]"
+    return str(loc[0])
+
+
+def _with_defaults(data: dict[str, Any], parts: Iterable[str]) -> dict[str, Any]:
+    """``data`` with each part replaced by its default: a top-level key dropped, a
+    method (or all of ``methods``, which has no default) by a nameless placeholder that
+    the later checks skip."""
+    data = dict(data)
+    placeholder = {"name": ""}
+    for part in parts:
+        if part == "methods":
+            data["methods"] = [placeholder]
+        elif part.startswith("methods[") and "methods" not in parts:
+            methods = data["methods"] = list(data["methods"])
+            methods[int(part[len("methods["):-1])] = placeholder
+        elif not part.startswith("methods["):
+            data.pop(part, None)
+    return data
+
+
+def merged_problems(*stages: Iterable[Problem]) -> list[Problem]:
+    """The problems of checks run in stages (earliest first), each field named once: a
+    field an earlier stage named is not named again (a later stage reaching it judges
+    the same mistake, or one it caused), and a stage's messages about one field share
+    its line, joined by ``"; "``.  A problem without a field appears once."""
+    merged: dict[str, Problem] = {}
+    for stage in stages:
+        earlier = set(merged)
+        for where, message in stage:
+            key = where or f"\n{message}"  # a message naming its own field is its own key
+            if key in earlier:
+                continue
+            if key not in merged:
+                merged[key] = (where, message)
+            elif message not in merged[key][1].split("; "):
+                merged[key] = (where, f"{merged[key][1]}; {message}")
+    return list(merged.values())
+
+
+def parse_config(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
+    """Validate a plain mapping (:func:`check_config`: the plug-ins' imports, the
+    schema's fields, its checks across tables); raise :class:`ConfigError` naming every
+    bad field these stages find.  Method and attack names and options are checked
+    later, against the registries (:func:`robust_pfl.experiments.validate`;
+    :func:`robust_pfl.experiments.parse_and_validate` reports both stages at once)."""
+    checked = check_config(data, source, base_dir)
+    problems = checked.problems
+    if problems or checked.config is None:
+        raise config_error(source, problems)
+    return checked.config
 
 
 def load_config(path: str | Path, device: str | None = None) -> ExperimentConfig:
-    """Read and validate a TOML config file; ``device`` (a command's ``--device``)
-    replaces the file's ``device``.
+    """Read and validate a TOML config file (:func:`parse_config`); ``device`` (a
+    command's ``--device``) replaces the file's ``device``.
+    :func:`robust_pfl.experiments.load_and_validate` also checks it against the
+    registries, in the same report.
 
     Raises:
         ConfigError: a missing, unreadable or non-TOML file (one line naming it), or
-            invalid fields (one line per field).
+            invalid fields (one line per field, every stage's at once).
     """
     path = Path(path)
+    return parse_config(read_config(path, device), str(path), base_dir=path.parent)
+
+
+def read_config(path: str | Path, device: str | None = None) -> dict[str, Any]:
+    """The parsed TOML of a config file (:func:`read_toml_file`), its ``device``
+    replaced by ``device`` where given."""
     data = read_toml_file(path, "config")
     if device is not None:
         data["device"] = device
-    return parse_config(data, str(path), base_dir=path.parent)
+    return data

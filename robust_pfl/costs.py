@@ -13,7 +13,9 @@ FLOP/s on the 2-core CPU those benchmarks name and 3e12 on an H200; every round 
 every method adds at least ``ROUND_OVERHEAD_SECONDS``.  Evaluation,
 checkpoints and attacks are left out, so the estimate is a lower bound up to the
 rate; it is meant to catch configs that would run for days or centuries
-(``rounds = 1e30``, ``clustering_rounds = 1e9``), not to time ordinary ones.
+(``rounds = 1e30``, ``clustering_rounds = 1e9``), not to time ordinary ones.  Its
+ratios are what progress uses (:func:`round_seconds`): the ETA scales the elapsed time
+by the estimated cost left over the cost done, so the rate cancels out.
 """
 
 from __future__ import annotations
@@ -53,19 +55,36 @@ def estimated_cost(config: ExperimentConfig, params: Iterable[defenses.Algorithm
     """``(FLOPs, seconds)`` of the whole run: every seed, round and method (``params``,
     validated, in the config's order); the seconds at the device type's effective
     rate (:data:`EFFECTIVE_FLOPS`) plus every round's and serial step's overhead."""
+    rounds = _round_costs(config, params, clients, model_dim, samples_per_client)
+    runs = float(config.rounds) * len(config.seeds)
+    flops = sum(flop for flop, _ in rounds)
+    return flops * runs, sum(seconds for _, seconds in rounds) * runs
+
+
+def round_seconds(config: ExperimentConfig, params: Iterable[defenses.AlgorithmParams], clients: int,
+                  model_dim: int, samples_per_client: int) -> tuple[float, ...]:
+    """Each method's estimated seconds a round (``params`` in the config's order), as
+    :func:`estimated_cost` counts them: the weights of a run's progress ETA, whose
+    methods cost very different amounts a round (FC's clustering against Local's
+    step)."""
+    return tuple(seconds for _, seconds in _round_costs(config, params, clients, model_dim, samples_per_client))
+
+
+def _round_costs(config: ExperimentConfig, params: Iterable[defenses.AlgorithmParams], clients: int,
+                 model_dim: int, samples_per_client: int) -> list[tuple[float, float]]:
+    """``(FLOPs, seconds)`` of one round of each method."""
     import defenses  # here, not at the top: the CLI imports this module for CostWarning before torch
 
     batch = config.batch_size or samples_per_client
     width = max(model_dim, MIN_EFFECTIVE_DIM)
-    flops = overhead = 0.0
+    rate = EFFECTIVE_FLOPS.get(config.device.split(":")[0], EFFECTIVE_FLOPS["cpu"])
+    rounds = []
     for method, chosen in zip(config.methods, params):
         work = defenses.REGISTRY[method.name].round_work(chosen, clients, config.task.clusters, model_dim)
         gradients = clients * work.gradients_per_client * batch * _FLOPS_PER_SAMPLE_AND_PARAMETER * width
-        flops += gradients + 2.0 * work.vector_passes * width + work.extra_flops
-        overhead += ROUND_OVERHEAD_SECONDS + work.serial_steps * SERIAL_STEP_SECONDS
-    runs = float(config.rounds) * len(config.seeds)
-    rate = EFFECTIVE_FLOPS.get(config.device.split(":")[0], EFFECTIVE_FLOPS["cpu"])
-    return flops * runs, (flops / rate + overhead) * runs
+        flops = gradients + 2.0 * work.vector_passes * width + work.extra_flops
+        rounds.append((flops, flops / rate + ROUND_OVERHEAD_SECONDS + work.serial_steps * SERIAL_STEP_SECONDS))
+    return rounds
 
 
 def readable_duration(seconds: float) -> str:

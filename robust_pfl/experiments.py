@@ -8,6 +8,7 @@ import functools
 import itertools
 import math
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -32,13 +33,15 @@ from robust_pfl.engine.pickling import (
     shared_objects,
 )
 from robust_pfl.config import (
-    ConfigError,
     ExperimentConfig,
     ImageTaskConfig,
     MethodConfig,
+    Problem,
     SyntheticTaskConfig,
+    check_config,
     config_error,
-    parse_config,
+    merged_problems,
+    read_config,
     validation_problems,
 )
 from robust_pfl.engine.datasets import DatasetError, LabelledImages, load_dataset
@@ -48,7 +51,7 @@ from robust_pfl.engine.networks import make_network
 from robust_pfl.provenance import provenance
 from robust_pfl.engine.results import ResultTable, write_results
 from robust_pfl.engine.devices import memory_budget_mb, resolve_device
-from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.progress import progress_bar, verbose
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.seeding import deterministic_kernels_within
 from robust_pfl.engine.tasks import ImageTask, SyntheticLinearRegression, Task
@@ -67,12 +70,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 class Built:
     """What :func:`validate` builds from a config, once, and every run of the config
     reuses: the attack (``None`` for ``"none"``), each method's parameters (in config
-    order), the device and the run's cost estimate in seconds."""
+    order), the device, the run's cost estimate in seconds and each method's estimated
+    seconds a round (the weights of the progress ETA)."""
 
     attack: AttackBase | None
     params: tuple[defenses.AlgorithmParams, ...]
     device: torch.device
     seconds: float = 0.0  # the run's cost estimate (robust_pfl.costs), every seed and method
+    round_seconds: tuple[float, ...] = ()  # per method, in config order (robust_pfl.costs.round_seconds)
 
 
 def built(config: ExperimentConfig) -> Built:
@@ -93,98 +98,132 @@ def method_params(config: ExperimentConfig, method: MethodConfig) -> defenses.Al
 
 
 def validate(config: ExperimentConfig, source: str | None = None) -> ExperimentConfig:
-    """Check method and attack names and options against the registries, an image
-    task's sizes against its data, and the device against the machine.  Returns the
-    config with ``device = "auto"`` replaced by the device it picks.
+    """Check method and attack names and options against the registries, the checks
+    across them (client counts, attacks a task or method cannot take, unique labels),
+    an image task's sizes against its data, and the device against the machine.
+    Returns the config with ``device = "auto"`` replaced by the device it picks.
 
-    Raises :class:`ConfigError` naming the field (``methods[1].radius`` ...) under
-    ``invalid config <source>:``.
+    Raises :class:`ConfigError` naming every bad field (``methods[1].radius`` ...) under
+    ``invalid config <source>:``, each once; a check that reads a part another check
+    refused (a method's options, the attack) is skipped, the others all run.
     """
+    checked, problems = _validated(config, source, frozenset())
+    if problems:
+        raise config_error(source, merged_problems(problems))
+    return checked
 
-    def fail(where: str, message: str) -> ConfigError:
-        return config_error(source, [(where, message)])
 
-    chosen: dict[int, defenses.AlgorithmParams] = {}
-    for index, method in enumerate(config.methods):
-        where = f"methods[{index}]"
-        if method.name not in defenses.REGISTRY:
-            raise fail(f"{where}.name", unknown_method(method.name))
-        cls = defenses.REGISTRY[method.name]
-        try:
-            chosen[index] = cls.Params(**method.options())
-        except ValidationError as error:
-            also = list(MethodConfig.model_fields)
-            raise config_error(source, validation_problems(error, cls.Params, (where,), also)) from None
-        if cls.requires_classification and not isinstance(config.task, ImageTaskConfig):
-            raise fail(f"{where}.name", f"{method.name!r} needs a classification task (task.name = 'image'), "
-                       f"not {config.task.name!r}")
-        chosen[index] = _with_run_budgets(config, cls, chosen[index], where, source)
-        if chosen[index].lr > torch.finfo(DTYPES[config.dtype]).max:  # the optimiser's step could not hold it
-            raise fail(f"{where}.lr", f"must be a number {config.dtype} holds (<= {torch.finfo(DTYPES[config.dtype]).max:.3g}), "
-                       f"got {chosen[index].lr!r}")
-    try:
-        attack = attacks.build(config.attack.name, config.attack.options())
-    except attacks.UnknownAttack as error:
-        raise fail("attack.name", str(error)) from None
-    except ValueError as error:
-        raise fail("attack", str(error)) from None
-    if attack is not None and "data" in attack.needs and not isinstance(config.task, ImageTaskConfig):
-        raise fail(
-            "attack.name",
-            f"{config.attack.name!r} poisons labels and needs a classification task "
-            f"(task.name = 'image'), not {config.task.name!r}",
-        )
-    if attack is not None and attack.forges_losses:
-        for index, method in enumerate(config.methods):
-            models = defenses.REGISTRY[method.name].reported_loss_models(chosen[index], config.task.clusters)
-            try:
-                if models is not None:
-                    attack.check_reported_models(models)
-            except ValueError as error:
-                raise fail("attack", f"{error} (methods[{index}] = {method.name!r})") from None
-    _check_client_count(config, chosen, fail)
-    _check_size(config, fail)
-    if config.theory is not None and "momentum" in config.theory.estimate:
-        silent = [f"methods[{i}] = {m.name!r}" for i, m in enumerate(config.methods)
-                  if not defenses.REGISTRY[m.name].sends_momenta]
-        if silent:
-            senders = sorted(name for name, cls in defenses.REGISTRY.items() if cls.sends_momenta)
-            raise fail("theory.estimate", f"'momentum' reads the momenta a method's clients send, and "
-                       f"{', '.join(silent)} sends none (methods that do: {senders})")
-    labels = [m.display for m in config.methods]
-    if len(set(labels)) != len(labels):
-        raise fail("methods", f"labels must be unique, got {labels} (set 'label')")
-    model_dim, samples = _model_size(config, fail)
-    _check_backdoor(config, attack, fail)
-    try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
-        device = str(resolve_device(config.device))
-    except ValueError as error:
-        raise fail("device", str(error)) from None
-    config = config if device == config.device else config.model_copy(update={"device": device})
-    params = tuple(chosen[i] for i in range(len(config.methods)))
-    seconds = costs.warn_if_long(config, list(params), client_count(config), model_dim, samples, source)
-    config._built = Built(attack, params, torch.device(device), seconds)
+def parse_and_validate(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ExperimentConfig:
+    """A config mapping parsed (:func:`robust_pfl.config.check_config`: plug-ins, the
+    schema's fields and cross-checks) and validated (:func:`validate`) with every
+    stage's problems in one :class:`ConfigError`, each field named once: a bad task
+    field, a bad attack option and a bad method option are reported together, not one
+    per rerun.  A check reading a part an earlier stage refused is skipped (it would
+    judge that part's default, not the file)."""
+    checked = check_config(data, source, base_dir)
+    config, later = (None, []) if checked.config is None else _validated(checked.config, source, checked.unchecked)
+    problems = merged_problems(*checked.stages, later)
+    if problems or config is None:
+        raise config_error(source, problems)
     return config
 
 
-def _model_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> tuple[int, int]:
-    """``(d, training samples per client)`` of the config's task.  An image task's data
-    are loaded here, so missing or corrupt data and sizes the data cannot give fail
-    now, before any work."""
+def load_and_validate(path: str | Path, device: str | None = None) -> ExperimentConfig:
+    """A TOML config file read (:func:`robust_pfl.config.read_config`; ``device``
+    replaces its ``device``) and checked by :func:`parse_and_validate`, as ``robust-pfl
+    run`` does."""
+    path = Path(path)
+    return parse_and_validate(read_config(path, device), str(path), base_dir=path.parent)
+
+
+Add = Callable[[str, str], None]  # records a problem: (field path, message)
+
+
+def _validated(config: ExperimentConfig, source: str | None,
+               unchecked: frozenset[str]) -> tuple[ExperimentConfig, list[Problem]]:
+    """:func:`validate`'s checks, every one run whose parts are valid: ``(config,
+    problems)``.  ``unchecked`` names the parts an earlier stage refused (top-level
+    keys, ``methods[i]``, ``plugins``): checks reading them are skipped.  Only a config
+    with no problems and nothing unchecked comes back built, its device resolved."""
+    problems: list[Problem] = []
+
+    def add(where: str, message: str) -> None:
+        problems.append((where, message))
+
+    def skipped(*parts: str) -> bool:
+        return any(part in unchecked or part.partition("[")[0] in unchecked for part in parts)
+
+    chosen, shortfalls = _checked_methods(config, source, add, skipped)
+    attack = None
+    if not skipped("attack"):
+        try:
+            attack = attacks.build(config.attack.name, config.attack.options())
+        except attacks.UnknownAttack as error:
+            if not skipped("plugins"):  # else the failed plug-in may be what registers it
+                add("attack.name", str(error))
+        except ValueError as error:
+            add("attack", str(error))
+    if attack is not None and not skipped("task"):
+        _check_attack_fits(config, attack, chosen, add)
+    if not skipped("task", "byzantine"):
+        _check_client_count(config, chosen, add)
+    if not skipped("task", "byzantine", "dtype"):
+        _check_size(config, add)
+    if not skipped("theory") and config.theory is not None and "momentum" in config.theory.estimate:
+        silent = [f"methods[{i}] = {config.methods[i].name!r}" for i in _named_methods(config, skipped)
+                  if not defenses.REGISTRY[config.methods[i].name].sends_momenta]
+        if silent:
+            senders = sorted(name for name, cls in defenses.REGISTRY.items() if cls.sends_momenta)
+            add("theory.estimate", f"'momentum' reads the momenta a method's clients send, and "
+                f"{', '.join(silent)} sends none (methods that do: {senders})")
+    labels = [m.display for i, m in enumerate(config.methods) if not skipped(f"methods[{i}]")]
+    if len(set(labels)) != len(labels):
+        add("methods", f"labels must be unique, got {labels} (set 'label')")
+    sizes = None if skipped("task") else _model_size(config, add, placement=not skipped("seeds", "byzantine"))
+    if attack is not None and not skipped("task"):
+        _check_backdoor(config, attack, add)
+    device = config.device
+    if not skipped("device"):
+        try:  # "auto" becomes the device it picks, so a grid cell's key names the device it ran on
+            device = str(resolve_device(config.device))
+        except ValueError as error:
+            add("device", str(error))
+    if problems or unchecked or sizes is None:
+        return config, problems
+    for text in shortfalls:  # warned only for a config that runs
+        warnings.warn(text, UserWarning, stacklevel=3)
+    model_dim, samples = sizes
+    config = config if device == config.device else config.model_copy(update={"device": device})
+    params = tuple(chosen[i] for i in range(len(config.methods)))
+    seconds = costs.warn_if_long(config, list(params), client_count(config), model_dim, samples, source)
+    per_round = costs.round_seconds(config, list(params), client_count(config), model_dim, samples)
+    config._built = Built(attack, params, torch.device(device), seconds, per_round)
+    return config, problems
+
+
+def _model_size(config: ExperimentConfig, add: Add, placement: bool = True) -> tuple[int, int] | None:
+    """``(d, training samples per client)`` of the config's task, or None after a
+    problem (given to ``add``).  An image task's data are loaded here, so missing or
+    corrupt data and sizes the data cannot give fail now, before any work;
+    ``placement``: check the Byzantine placement against the data for every seed (not
+    where ``seeds`` or ``byzantine`` were refused)."""
     task = config.task
     if not isinstance(task, ImageTaskConfig):
         return task.dim, task.samples_per_client
     try:
         data = _dataset(task.dataset, task.data_dir)
     except DatasetError as error:
-        raise fail("task.data_dir", str(error)) from None
+        add("task.data_dir", str(error))
+        return None
     try:
-        for seed in config.seeds:
+        for seed in config.seeds if placement else ():
             task.builder().check(seed, config.byzantine.placement(), data)
     except TooManyByzantine as error:
-        raise fail("byzantine", str(error)) from None
+        add("byzantine", str(error))
+        return None
     except ValueError as error:
-        raise fail("", f"task.{error}") from None
+        add("", f"task.{error}")
+        return None
     model_dim = make_network(task.model, data.image_shape, data.num_classes).dim
     return model_dim, task.train_per_client or max(1, data.train_images.shape[0] // client_count(config))
 
@@ -201,17 +240,80 @@ def byzantine_count(config: ExperimentConfig) -> int:
 
 
 def _with_run_budgets(config: ExperimentConfig, cls: type[defenses.Algorithm], params: defenses.AlgorithmParams,
-                      where: str, source: str | None) -> defenses.AlgorithmParams:
+                      where: str, source: str | None) -> tuple[defenses.AlgorithmParams, list[str]]:
     """``params`` with unset Byzantine budgets set to the run's Byzantine count
-    (:meth:`defenses.Algorithm.with_run_budgets`); each budget given below the count is
-    kept and warned once, naming its field."""
+    (:meth:`defenses.Algorithm.with_run_budgets`), and a warning naming its field for
+    each budget given below the count (kept; warned by :func:`validate` once the whole
+    config is valid)."""
     params, shortfalls = cls.with_run_budgets(params, byzantine_count(config), client_count(config))
-    for field, message in shortfalls:
-        warnings.warn(f"{source or 'config'}: {where}.{field}: {message}", UserWarning, stacklevel=3)
-    return params
+    return params, [f"{source or 'config'}: {where}.{field}: {message}" for field, message in shortfalls]
 
 
-def _check_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError]) -> None:
+def _checked_methods(config: ExperimentConfig, source: str | None, add: Add,
+                     skipped: Callable[..., bool]) -> tuple[dict[int, defenses.AlgorithmParams], list[str]]:
+    """Each method's parameters, built and checked (its name, its options against its
+    class, a classification task where it needs one, a learning rate the dtype holds),
+    by index for the methods that pass, and the budget warnings
+    (:func:`_with_run_budgets`); every problem of every method given to ``add``.
+    ``skipped(*parts)``: whether an earlier stage refused one of ``parts``."""
+    chosen: dict[int, defenses.AlgorithmParams] = {}
+    shortfalls: list[str] = []
+    for index, method in enumerate(config.methods):
+        where = f"methods[{index}]"
+        if skipped(where):
+            continue
+        if method.name not in defenses.REGISTRY:
+            if not skipped("plugins"):  # else the failed plug-in may be what registers it
+                add(f"{where}.name", unknown_method(method.name))
+            continue
+        cls = defenses.REGISTRY[method.name]
+        try:
+            params = cls.Params(**method.options())
+        except ValidationError as error:
+            for problem in validation_problems(error, cls.Params, (where,), list(MethodConfig.model_fields)):
+                add(*problem)
+            continue
+        if cls.requires_classification and not skipped("task") and not isinstance(config.task, ImageTaskConfig):
+            add(f"{where}.name", f"{method.name!r} needs a classification task (task.name = 'image'), "
+                f"not {config.task.name!r}")
+            continue
+        if not skipped("task", "byzantine"):
+            params, short = _with_run_budgets(config, cls, params, where, source)
+            shortfalls += short
+        largest = torch.finfo(DTYPES[config.dtype]).max
+        if not skipped("dtype") and params.lr > largest:  # the optimiser's step could not hold it
+            add(f"{where}.lr", f"must be a number {config.dtype} holds (<= {largest:.3g}), got {params.lr!r}")
+            continue
+        chosen[index] = params
+    return chosen, shortfalls
+
+
+def _named_methods(config: ExperimentConfig, skipped: Callable[..., bool]) -> list[int]:
+    """The indices of the methods whose name is registered and not refused."""
+    return [index for index, method in enumerate(config.methods)
+            if not skipped(f"methods[{index}]") and method.name in defenses.REGISTRY]
+
+
+def _check_attack_fits(config: ExperimentConfig, attack: AttackBase,
+                       chosen: Mapping[int, defenses.AlgorithmParams], add: Add) -> None:
+    """An attack that poisons labels needs a classification task, and one that forges
+    reported losses must be able to for every checked method (``chosen``)."""
+    if "data" in attack.needs and not isinstance(config.task, ImageTaskConfig):
+        add("attack.name", f"{config.attack.name!r} poisons labels and needs a classification task "
+            f"(task.name = 'image'), not {config.task.name!r}")
+    if not attack.forges_losses:
+        return
+    for index, params in chosen.items():
+        name = config.methods[index].name
+        models = defenses.REGISTRY[name].reported_loss_models(params, config.task.clusters)
+        try:
+            if models is not None:
+                attack.check_reported_models(models)
+        except ValueError as error:
+            add("attack", f"{error} (methods[{index}] = {name!r})")
+
+
+def _check_size(config: ExperimentConfig, add: Add) -> None:
     """A synthetic task whose clients' models, optimiser buffers and data could not fit
     in this machine's memory is refused now, not by the allocator after loading: at
     least ``N * (8 d + samples * (d + 1))`` numbers (models, gradients, deliveries,
@@ -224,9 +326,9 @@ def _check_size(config: ExperimentConfig, fail: Callable[[str, str], ConfigError
     needed = numbers * torch.finfo(DTYPES[config.dtype]).bits // 8
     memory = _physical_memory()
     if memory is not None and needed > memory:
-        raise fail("task", f"N = {client_count(config)} clients of dimension dim = {task.dim} need at least "
-                   f"{needed / 2**30:.3g} GiB, more than this machine's {memory / 2**30:.3g} GiB; lower "
-                   "task.clients_per_cluster, task.clusters or task.dim")
+        add("task", f"N = {client_count(config)} clients of dimension dim = {task.dim} need at least "
+            f"{needed / 2**30:.3g} GiB, more than this machine's {memory / 2**30:.3g} GiB; lower "
+            "task.clients_per_cluster, task.clusters or task.dim")
 
 
 def _physical_memory() -> int | None:
@@ -237,14 +339,14 @@ def _physical_memory() -> int | None:
         return None
 
 
-def _check_client_count(config: ExperimentConfig, chosen: Mapping[int, defenses.AlgorithmParams],
-                        fail: Callable[[str, str], ConfigError]) -> None:
+def _check_client_count(config: ExperimentConfig, chosen: Mapping[int, defenses.AlgorithmParams], add: Add) -> None:
     """Methods whose options depend on N (e.g. ``krum`` needs n > 2f + 2) are checked
-    against the config's client count now, not when the run reaches them."""
+    against the config's client count now, not when the run reaches them (the methods
+    in ``chosen``, those whose own options passed)."""
     n = client_count(config)
-    for index, method in enumerate(config.methods):
-        for field, message in defenses.REGISTRY[method.name].client_count_problems(chosen[index], n):
-            raise fail(f"methods[{index}].{field}", f"{message} (the config has N = {n} clients)")
+    for index, params in chosen.items():
+        for field, message in defenses.REGISTRY[config.methods[index].name].client_count_problems(params, n):
+            add(f"methods[{index}].{field}", f"{message} (the config has N = {n} clients)")
 
 
 def build_task(config: ExperimentConfig, seed: int) -> Task:
@@ -299,17 +401,20 @@ def _normalization(dataset: str, data_dir: str | None, normalization: str) -> tu
     return normalization_stats(normalization, _dataset(dataset, data_dir).train_images)
 
 
-def _check_backdoor(config: ExperimentConfig, attack: Any, fail: Callable[[str, str], ConfigError]) -> None:
+def _check_backdoor(config: ExperimentConfig, attack: Any, add: Add) -> None:
     """A backdoor's ``target`` must be a class of the data set and its trigger must fit
     in the images (checked at load, not when the federation is built)."""
     if not isinstance(attack, BackdoorAttack) or not isinstance(config.task, ImageTaskConfig):
         return
-    data = _dataset(config.task.dataset, config.task.data_dir)
+    try:
+        data = _dataset(config.task.dataset, config.task.data_dir)
+    except DatasetError:
+        return  # reported at task.data_dir (_model_size); no data, nothing to check against
     try:
         attack.check_target(data.num_classes)
         attack.part_masks(*data.image_shape[-2:])
     except ValueError as error:
-        raise fail("attack", str(error)) from None
+        add("attack", str(error))
 
 
 def backdoor_success(task: Task, algorithm: defenses.Algorithm, models: torch.Tensor) -> dict[str, float]:
@@ -601,13 +706,18 @@ def run_cell_config(
     """Tidy rows ``(round, metric, value)`` of a grid cell's config (one method, one
     seed), validated first; ``timed`` adds its wall time as metric ``seconds``;
     ``checkpoint`` and ``report`` go to :func:`run_method`."""
-    config = validate(parse_config(payload, source), source)
+    config = parse_and_validate(payload, source)
     start = time.perf_counter()
     table = run_method(config.methods[0], config, config.seeds[0], checkpoint=checkpoint, report=report)
     rows = [{k: v for k, v in row.items() if k not in ("method", "seed")} for row in table.rows]
     if timed:
         rows.append({"round": config.rounds, "metric": "seconds", "value": time.perf_counter() - start})
     return rows
+
+
+def _report(label: str, message: str) -> None:
+    """``--verbose``: a run's line when a method resumes and at each checkpoint."""
+    print(f"robust-pfl run: {label}: {message}", file=sys.stderr, flush=True)
 
 
 def run_experiment(
@@ -641,8 +751,9 @@ def run_table(
     With ``config.checkpoint_every`` and ``out_dir``, each method and seed keeps its
     checkpoint in ``out_dir/checkpoints/<label>-seed<seed>.pt`` (the final one holds
     the final models).  ``resume=True`` continues from them; otherwise they are
-    removed first and the run starts afresh.  ``validated``: ``config`` has been
-    through :func:`validate` already."""
+    removed first and the run starts afresh; under ``--verbose``
+    (:func:`robust_pfl.engine.progress.verbose`) each checkpoint saved writes a line to
+    stderr.  ``validated``: ``config`` has been through :func:`validate` already."""
     if not validated:
         config = validate(config)
     if resume and config.checkpoint_every is None:
@@ -660,7 +771,11 @@ def run_table(
                 remove_checkpoint(checkpoints / checkpoint_name(method.display, seed))
     table = ResultTable()
     total = config.rounds * len(config.methods) * len(config.seeds)
-    with deterministic_kernels_within(built(config).device), progress_bar(total, "robust-pfl run", progress) as bar:
+    # the ETA weighs each method's rounds by its estimated cost: FC, first and slow, would
+    # otherwise have it extrapolate FC's pace over the cheap baselines after it
+    weights = [(config.rounds, seconds) for _ in config.seeds for seconds in built(config).round_seconds]
+    with (deterministic_kernels_within(built(config).device),
+          progress_bar(total, "robust-pfl run", progress, costs=weights) as bar):
         for seed in config.seeds:
             task = build_task(config, seed)
             for method in config.methods:
@@ -672,6 +787,7 @@ def run_table(
 
                 bar.set_postfix_str(label)
                 checkpoint = checkpoint_of(method, seed)
-                table.extend(run_method(method, config, seed, advance, task, checkpoint))
+                report = functools.partial(_report, label) if checkpoint is not None and verbose() else None
+                table.extend(run_method(method, config, seed, advance, task, checkpoint, report))
                 bar.item_done(f"{label} done ({time.perf_counter() - started:.1f} s)")
     return table

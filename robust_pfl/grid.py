@@ -33,7 +33,7 @@ from robust_pfl.config import ConfigError
 from robust_pfl.grid_file import Grid, GridCell
 from robust_pfl.plugins import PluginSource, shipped_sources
 from robust_pfl.provenance import provenance
-from robust_pfl.engine.progress import progress_bar
+from robust_pfl.engine.progress import progress_bar, verbose
 from robust_pfl.engine.results import json_safe, atomic_write_text, write_outputs
 
 if TYPE_CHECKING:
@@ -197,7 +197,10 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
         backend = LocalBackend() if backend is None else backend
         errors: dict[str, str] = {}
         try:
-            with progress_bar(len(todo), f"grid {Path(grid.source).name}", progress) as bar:
+            # cells cost very different amounts (a recipe's 30-step and 3000-step cells): the
+            # ETA weighs each by its estimate, counted as it finishes, in whatever order
+            weights = [(1, cell.seconds) for cell in todo]
+            with progress_bar(len(todo), f"grid {Path(grid.source).name}", progress, costs=weights) as bar:
                 for count, outcome in enumerate(backend.map_unordered(_tasks(grid, todo, out)), start=1):
                     cell = by_key[outcome.cell]
                     store.append(cell, outcome)
@@ -208,7 +211,7 @@ def run_grid(grid: Grid, out: Path, backend: Backend | None = None, progress: bo
                         bar.set_postfix_str(f"{len(errors)} errored")
                     finished = "errored" if outcome.error is not None else "done"
                     bar.item_done(f"cell {count}/{len(todo)} {finished}: {cell.describe()} ({outcome.seconds:.1f} s)",
-                                  advance=1)
+                                  advance=1, cost=cell.seconds)
         finally:
             if owned:
                 backend.close()
@@ -249,7 +252,9 @@ def _task(grid: Grid, cell: GridCell, out: Path, plugins: tuple[PluginSource, ..
         (out / CHECKPOINTS).mkdir(exist_ok=True)
         checkpoint = str(out / CHECKPOINTS / f"{cell.cell}.pt")
     source = f"{grid.source} cell {cell.cell} ({cell.describe()})"
-    return CellTask(cell.cell, cell.config, source, checkpoint, grid.resources.threads, plugins)
+    # read here, in the grid's process: a worker (a spawned process, a Ray task) may not
+    # share its environment
+    return CellTask(cell.cell, cell.config, source, checkpoint, grid.resources.threads, plugins, verbose())
 
 
 def _remove_checkpoint(out: Path, cell: GridCell) -> None:

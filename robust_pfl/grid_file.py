@@ -29,8 +29,8 @@ from typing import Any, Iterator, Sequence, get_origin
 import torch
 from pydantic import BaseModel
 
-from robust_pfl.config import ConfigError, ExperimentConfig, check_nesting, models_in, parse_config, read_toml_file
-from robust_pfl.plugins import load_plugins, with_resolved_paths
+from robust_pfl.config import ConfigError, ExperimentConfig, check_nesting, merged_problems, models_in, read_toml_file
+from robust_pfl.plugins import plugin_problems, with_resolved_paths
 from robust_pfl.engine.registry import did_you_mean
 
 GRID = "grid"
@@ -66,13 +66,16 @@ class Resources:
 @dataclass(frozen=True)
 class GridCell:
     """One run of a grid.  ``cell`` is its key (a hash of the resolved config);
-    ``axes`` maps each axis column to this cell's value label, in axis order."""
+    ``axes`` maps each axis column to this cell's value label, in axis order;
+    ``seconds`` its cost estimate (:mod:`robust_pfl.costs`), the weight of its share of
+    the grid's progress ETA."""
 
     cell: str
     axes: dict[str, Any]
     config: dict[str, Any]
     n_clients: int
     n_byzantine: int
+    seconds: float = 0.0
 
     def describe(self) -> str:
         return ", ".join(f"{column}={value}" for column, value in self.axes.items())
@@ -147,19 +150,21 @@ def expand_grid(data: dict[str, Any], source: str) -> Grid:
     """
     check_nesting(data, f"grid {source}")
     base = with_resolved_paths(copy.deepcopy(data))
-    load_plugins(base.get("plugins"), source)  # before any name is checked against a registry
-    sweeps = base.pop(GRID, {})
     problems = _Problems()
+    problems.extend(plugin_problems(base.get("plugins")))  # before any name is checked against a registry
+    sweeps = base.pop(GRID, {})
     resources = _resources(base.pop(RESOURCES, {}), problems)
     if not isinstance(sweeps, dict):
         problems.append((GRID, f"must be a table of lists, got {type(sweeps).__name__}"))
         sweeps = {}
     axes = _axes(base, sweeps, problems)
-    if problems:
-        raise _grid_error(source, problems)
-    cells = _cells(base, axes, source, problems)
-    if problems:
-        raise _grid_error(source, problems)
+    # the cells are checked with the axes that are valid (there are none without methods), so
+    # that one report names the grid's own problems and every cell's; a field the grid's own
+    # checks named is not named again by a cell (merged_problems)
+    cell_problems = _Problems()
+    cells = _cells(base, axes, source, cell_problems) if any(axis.column == METHOD for axis in axes) else []
+    if problems or cell_problems:
+        raise _grid_error(source, merged_problems(problems, cell_problems))
     return Grid(source, [axis.column for axis in axes], cells, resources)
 
 
@@ -180,9 +185,10 @@ def cell_key(config: ExperimentConfig) -> str:
 
 def grid_cell(config: ExperimentConfig, axes: dict[str, Any]) -> GridCell:
     """The cell running ``config`` (one method, one seed), shown in results as ``axes``."""
-    from robust_pfl.experiments import byzantine_count, client_count
+    from robust_pfl.experiments import built, byzantine_count, client_count
 
-    return GridCell(cell_key(config), dict(axes), config.model_dump(), client_count(config), byzantine_count(config))
+    return GridCell(cell_key(config), dict(axes), config.model_dump(), client_count(config), byzantine_count(config),
+                    built(config).seconds)
 
 
 # -- axes ------------------------------------------------------------------------------------
@@ -395,10 +401,10 @@ def _set(payload: dict[str, Any], target: tuple[str | int, ...], value: Any) -> 
 
 def _validated(payload: dict[str, Any], axes: list[_Axis], choice: tuple[int, ...], source: str,
                problems: list[tuple[str, str]]) -> GridCell | None:
-    from robust_pfl.experiments import validate
+    from robust_pfl.experiments import parse_and_validate
 
     try:
-        config = validate(parse_config(payload, source), source)
+        config = parse_and_validate(payload, source)
     except ConfigError as error:
         for where, message in _parsed(error):
             _add(problems, _attributed(where, message, axes, choice))

@@ -20,28 +20,34 @@ Every value is an honest-client mean (what the stores hold).  Columns take roles
   a recipe's ``setting`` ...), as ``column=value``; each setting gets its own row of
   panels (its own heatmap).
 
-Figures (PNG and PDF each, all staged before any is moved into place), each file
-named after the figure and the metric, ``curves-test_accuracy.png``, so figures of
+Figures (PNG at 300 dpi and PDF each, all staged before any is moved into place), each
+file named after the figure and the metric, ``curves-test_accuracy.png``, so figures of
 several metrics sit side by side in one directory:
 
 1. ``curves-METRIC``: the metric against the round, one panel per attack, one line per
    defense, the band one standard deviation over seeds either side of the mean;
 2. ``heatmap-METRIC``: the final metric (each run's last recorded round), attack x
-   defense, mean over seeds, annotated;
+   defense, mean over seeds, annotated; skipped with a note when the data hold one
+   attack (a run's history always does): one row says no more than the curves;
 3. ``byzantine_fraction-METRIC``: the final metric against the Byzantine fraction, one
    panel per attack, one line per defense, the same band; skipped with a note when the
    data hold one fraction.
 
 Each defense's line has its own colour, dash pattern and marker, and a marker at every
 evaluation (every recorded round), so lines that coincide (FC under GT) still show; the
-legend names every line.  Axes carry readable names (:func:`metric_label`:
-``Test accuracy (%)`` for ``test_accuracy`` held as fractions).
+legend names every line.  Defenses and attacks come in the order the grid or config
+lists them (as ``robust-pfl results``' rows; the no-attack baseline first), by readable
+names (:mod:`robust_pfl.display_names`: ``ground_truth`` -> ``GT (oracle clusters)``,
+``global+median`` -> ``Global + median``; a label the config wrote stays as written).
+Axes carry readable names (:func:`metric_label`: ``Test accuracy (%)`` for
+``test_accuracy`` held as fractions), and a metric in percent runs from 0 to 100 (the
+heatmap's colour scale too).  Each figure's title sits above its panels, outside them.
 
 Curves and heatmap show each attack at its most common Byzantine fraction (the
 largest on a tie: where attacks bite); the fraction figure shows them all.  The
 default metric is ``test_accuracy``, else ``accuracy``, else ``param_error``, else the
 first one in the data; accuracies (and a backdoor's attack success rate) stored as
-fractions are shown in percent.  A
+fractions are shown in percent.  Any other
 positive metric spanning more than three decades (a diverged loss) gets a log axis
 and a log colour scale; the heatmap's colormap is the sequential viridis, and a
 non-finite mean (a diverged run) is written as ``inf`` / ``nan`` on a blank cell.
@@ -51,7 +57,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -59,7 +65,9 @@ import numpy as np
 import pandas as pd
 
 from robust_pfl.config import ConfigError
+from robust_pfl.display_names import attack_name, display_names, method_name
 from robust_pfl.engine.results import BASE_COLUMNS, Content, close_figure, png_writer, write_files
+from robust_pfl.summaries import config_methods, recorded_grid
 
 GRID_STORE = "results.csv"
 RUN_HISTORY = "history.csv"
@@ -71,6 +79,10 @@ BAND = "sd"  # seaborn errorbar: mean +- one standard deviation over seeds
 NO_ATTACK_RECORDED = "attack not recorded"
 FIGURES = ("curves", "heatmap", "byzantine_fraction")
 PANEL_HEIGHT = 2.6
+#: Resolution of the PNGs: what a journal asks of line art (the PDFs are vector).
+PNG_DPI = 300
+#: The baseline attack, first in every figure.
+NO_ATTACK = "none"
 #: Readable axis names of the metrics the tasks record; any other metric reads as its
 #: name with underscores as spaces (:func:`metric_label`).
 METRIC_LABELS = {
@@ -114,20 +126,25 @@ def figure_file(figure: str, metric: str, kind: str) -> str:
 class Results:
     """A store in canonical columns: ``run`` (a grid's cell; a history's setting,
     method and seed), ``setting, attack, defense, seed, fraction, round, metric,
-    value`` (``fraction`` NaN where the source has none)."""
+    value`` (``fraction`` NaN where the source has none), rows in config order;
+    ``order``: each of ``setting``, ``attack`` and ``defense``'s values in the order
+    the grid or config lists them (the figures' order, as ``robust-pfl results``')."""
 
     frame: pd.DataFrame
     source: Path
     kind: str  # "grid" or "run"
+    order: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class MetricView:
-    """One metric's rows, ``value`` as displayed (percent when ``percent``)."""
+    """One metric's rows, ``value`` as displayed (percent when ``percent``), and the
+    :attr:`Results.order` of their labels."""
 
     frame: pd.DataFrame
     metric: str
     percent: bool
+    order: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -191,7 +208,9 @@ def load_results(path: str | Path) -> Results:
         )
     if frame.empty:
         raise ConfigError(f"RESULTS {source}: no rows to plot (a grid store plots its status 'ok' rows)")
-    return Results(frame.reset_index(drop=True), source, kind)
+    frame = frame.sort_values("_rank", kind="stable").drop(columns="_rank").reset_index(drop=True)
+    order = {column: list(dict.fromkeys(frame[column])) for column in ("setting", "attack", "defense")}
+    return Results(frame, source, kind, order)
 
 
 def _label(raw: pd.DataFrame, columns: list[str], lead: str | None = None) -> pd.Series:
@@ -221,13 +240,21 @@ def _numeric(raw: pd.DataFrame, column: str, source: Path, allow_nan: bool = Fal
 
 
 def _canonical(raw: pd.DataFrame, source: Path, run: pd.Series, attack: pd.Series, defense: pd.Series,
-               setting: pd.Series, fraction: pd.Series) -> pd.DataFrame:
+               setting: pd.Series, fraction: pd.Series, rank: pd.Series) -> pd.DataFrame:
+    """The canonical columns, and ``_rank``: each row's run's place in the config's order."""
     seed = _numeric(raw, "seed", source).astype(int) if "seed" in raw else pd.Series(0, index=raw.index)
     return pd.DataFrame({
         "run": run, "setting": setting, "attack": attack, "defense": defense, "seed": seed, "fraction": fraction,
         "round": _numeric(raw, "round", source).astype(int), "metric": raw["metric"],
-        "value": _numeric(raw, "value", source, allow_nan=True).astype(float),
+        "value": _numeric(raw, "value", source, allow_nan=True).astype(float), "_rank": rank,
     })
+
+
+def _ranks(keys: pd.Series, order: list[str]) -> pd.Series:
+    """Each key's place in ``order``; keys it does not list follow, as they first
+    appear."""
+    rank = {key: index for index, key in enumerate(dict.fromkeys([*order, *keys]))}
+    return keys.map(rank)
 
 
 def _grid_frame(raw: pd.DataFrame, source: Path) -> pd.DataFrame:
@@ -245,7 +272,8 @@ def _grid_frame(raw: pd.DataFrame, source: Path) -> pd.DataFrame:
         attack = pd.Series(_recorded_attack(source.parent / "grid.json", grid=True), index=raw.index)
     defense = _label(raw, method_axes, lead="method") if method_axes else pd.Series("method", index=raw.index)
     fraction = _numeric(raw, "n_byzantine", source) / _numeric(raw, "n_clients", source)
-    return _canonical(raw, source, raw["cell"], attack, defense, _label(raw, settings), fraction)
+    rank = _ranks(raw["cell"], recorded_grid(source.parent / "grid.json")[1])  # grid order: methods in config order
+    return _canonical(raw, source, raw["cell"], attack, defense, _label(raw, settings), fraction, rank)
 
 
 def _latest_cells(raw: pd.DataFrame, axes: list[str]) -> pd.DataFrame:
@@ -276,7 +304,16 @@ def _history_frame(raw: pd.DataFrame, source: Path) -> pd.DataFrame:
     attack = pd.Series(_recorded_attack(source.parent / "summary.json", grid=False), index=raw.index)
     fraction = pd.Series(math.nan, index=raw.index)
     run = _label(raw, [*settings, "method", "seed"])
-    return _canonical(raw, source, run, attack, raw["method"], _label(raw, settings), fraction)
+    rank = _ranks(raw["method"], config_methods(_recorded_config(source.parent / "summary.json")))
+    return _canonical(raw, source, run, attack, raw["method"], _label(raw, settings), fraction, rank)
+
+
+def _recorded_config(path: Path) -> Any:
+    """The config a run's ``summary.json`` records (``None`` where it has none)."""
+    try:
+        return json.loads(path.read_text()).get("config")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _recorded_attack(path: Path, grid: bool) -> str:
@@ -309,7 +346,7 @@ def metric_view(results: Results, metric: str) -> MetricView:
     percent = ("accuracy" in metric or metric in COMPANION_METRICS) and finite.between(0.0, 1.0).all()
     if percent:
         frame["value"] = frame["value"] * 100.0
-    return MetricView(frame, metric, bool(percent))
+    return MetricView(frame, metric, bool(percent), results.order)
 
 
 def final_values(view: MetricView) -> pd.DataFrame:
@@ -333,9 +370,12 @@ def at_shown_fraction(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.merge(shown_fractions(frame), on=["setting", "attack", "fraction"])
 
 
-def _order(values: pd.Series, first: str | None = None) -> list[str]:
-    """Sorted labels, ``first`` (the no-attack baseline) leading."""
-    ordered = sorted(set(values))
+def _order(values: pd.Series, order: list[str] | None = None, first: str | None = None) -> list[str]:
+    """The labels in ``values``, in ``order`` (the config's), those it lacks sorted
+    after; ``first`` (the no-attack baseline) leading."""
+    present = set(values)
+    ordered = [value for value in order or [] if value in present]
+    ordered += sorted(present - set(ordered))
     if first in ordered:
         ordered.remove(first)
         ordered.insert(0, first)
@@ -357,9 +397,11 @@ def heatmap_tables(view: MetricView) -> list[Heatmap]:
     """A :class:`Heatmap` per setting, each attack at its shown fraction."""
     final = at_shown_fraction(final_values(view))
     tables = []
-    for setting, group in final.groupby("setting", sort=True):
+    for setting in _order(final["setting"], view.order.get("setting")):
+        group = final[final["setting"] == setting]
         cells = group.groupby(["attack", "defense"])["value"]
-        rows, columns = _order(group["attack"], "none"), _order(group["defense"])
+        rows = _order(group["attack"], view.order.get("attack"), NO_ATTACK)
+        columns = _order(group["defense"], view.order.get("defense"))
         mean = cells.agg(lambda v: v.mean(skipna=False)).unstack("defense").reindex(index=rows, columns=columns)
         runs = cells.size().unstack("defense").reindex(index=rows, columns=columns).fillna(0).astype(int)
         tables.append(Heatmap(setting, mean, runs))
@@ -387,20 +429,42 @@ def _seed_text(view: MetricView) -> str:
     return f"band: mean ± 1 sd over {view.seeds} seeds" if view.seeds > 1 else "one seed, no band"
 
 
+def shown_names(view: MetricView) -> dict[str, dict[str, str]]:
+    """What the figures call each defense and attack label
+    (:mod:`robust_pfl.display_names`: ``ground_truth`` -> ``GT (oracle clusters)``)."""
+    return {"defense": display_names(view.frame["defense"], method_name),
+            "attack": display_names(view.frame["attack"], attack_name)}
+
+
+def _named(frame: pd.DataFrame, view: MetricView) -> tuple[pd.DataFrame, dict[str, list[str]]]:
+    """``frame`` with defenses and attacks by their shown names, and each column's
+    shown names in figure order (the config's, the baseline attack first)."""
+    names = shown_names(view)
+    orders = {"defense": _order(frame["defense"], view.order.get("defense")),
+              "attack": _order(frame["attack"], view.order.get("attack"), NO_ATTACK),
+              "setting": _order(frame["setting"], view.order.get("setting"))}
+    for column, mapping in names.items():
+        frame = frame.assign(**{column: frame[column].map(mapping)})
+        orders[column] = [mapping[value] for value in orders[column]]
+    return frame, orders
+
+
 def _relplot(frame: pd.DataFrame, x: str, view: MetricView) -> Any:
     """One line per defense with its own colour, dashes and marker (a marker at every
-    x the data hold: each evaluation), the legend naming each."""
+    x the data hold: each evaluation), the legend naming each in config order; an
+    accuracy in percent on a 0-100 axis, so panels and figures compare at a glance."""
     import seaborn as sns
 
     frame = frame.assign(value=frame["value"].where(np.isfinite(frame["value"])))
+    frame, orders = _named(frame, view)
     rows = frame["setting"].nunique() > 1
-    defenses = _order(frame["defense"])
+    defenses = orders["defense"]
     points = frame.groupby(["run"])[x].nunique().max() if len(frame) else 0
     grid = sns.relplot(
         data=frame, x=x, y="value", kind="line", hue="defense", hue_order=defenses,
         style="defense", style_order=defenses, markers=True, dashes=True,
-        col="attack", col_order=_order(frame["attack"], "none"),
-        row="setting" if rows else None, row_order=_order(frame["setting"]) if rows else None,
+        col="attack", col_order=orders["attack"],
+        row="setting" if rows else None, row_order=orders["setting"] if rows else None,
         errorbar=BAND, linewidth=1.6, markersize=4 if points > DENSE_MARKERS else 7,
         # hollow markers in the line's colour (seaborn's default edge is white): a marker
         # under another of another shape still shows
@@ -415,7 +479,9 @@ def _relplot(frame: pd.DataFrame, x: str, view: MetricView) -> Any:
                 handle.set_markeredgecolor(handle.get_color())
                 handle.set_markerfacecolor("none")
     grid.set_ylabels(view.label)
-    if _log_scale(frame["value"]):
+    if view.percent:
+        grid.set(ylim=(0, 100))
+    elif _log_scale(frame["value"]):
         grid.set(yscale="log")
     return grid
 
@@ -455,29 +521,35 @@ def heatmap_figure(view: MetricView, tables: list[Heatmap]) -> Any:
     values = pd.Series(np.concatenate([t.mean.to_numpy(dtype=float).ravel() for t in tables]))
     finite = values[np.isfinite(values)]
     low, high = (float(finite.min()), float(finite.max())) if len(finite) else (0.0, 1.0)
-    norm = LogNorm(low, high) if _log_scale(values) else Normalize(low, high)
+    if view.percent:  # the accuracy scale, as the curves' axes
+        norm = Normalize(0.0, 100.0)
+    else:
+        norm = LogNorm(low, high) if _log_scale(values) else Normalize(low, high)
+    names = shown_names(view)
     columns = max(t.mean.shape[1] for t in tables)
     rows = max(t.mean.shape[0] for t in tables)
     size = (2.0 + 0.85 * columns, 1.9 + 0.45 * rows)
     figure, axes = plt.subplots(1, len(tables), figsize=(size[0] * len(tables), size[1]), squeeze=False)
     for ax, table in zip(axes[0], tables):
+        mean = table.mean.rename(index=names["attack"], columns=names["defense"])
         sns.heatmap(
-            table.mean.where(np.isfinite(table.mean)), ax=ax, cmap="viridis", norm=norm,
+            mean.where(np.isfinite(mean)), ax=ax, cmap="viridis", norm=norm,
             linewidths=0.5, linecolor="white", cbar_kws={"label": view.label},
         )
         _annotate(ax, table, view.percent, norm)
         ax.set(xlabel="Defense", ylabel="Attack", title=table.setting)
-        if max(len(str(c)) for c in table.mean.columns) > 6:
+        if max(len(str(c)) for c in mean.columns) > 6:
             plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
         plt.setp(ax.get_yticklabels(), rotation=0)
     where = _fraction_text(view.frame)
     plural = "s" if view.seeds > 1 else ""
+    figure.tight_layout()
+    # above the figure's top edge (bbox_inches="tight" keeps it), clear of every panel
     figure.suptitle(
         f"{view.label} at the last round ({view.last_round})\nmean over {view.seeds} seed{plural}"
         + (f", {where}" if where else ""),
-        fontsize="medium",
+        fontsize="medium", y=1.0, va="bottom",
     )
-    figure.tight_layout()
     return figure
 
 
@@ -530,7 +602,10 @@ def plot_results(path: str | Path, out: str | Path | None = None, metric: str | 
     view = metric_view(results, chosen)
     out = Path(out) if out is not None else default_out(path)
     fractions = view.frame["fraction"].dropna().unique()
+    attacks = view.frame["attack"].unique()
     notes = []
+    if len(attacks) == 1:
+        notes.append(f"heatmap: skipped (one attack in the data: {attacks[0]}; the curves show it)")
     if results.kind == "run":
         notes.append(f"byzantine_fraction: skipped ({RUN_HISTORY} records no Byzantine fraction)")
     elif len(fractions) == 1:
@@ -538,12 +613,13 @@ def plot_results(path: str | Path, out: str | Path | None = None, metric: str | 
     figures: dict[str, Any] = {}
     try:
         figures["curves"] = curves_figure(view)
-        figures["heatmap"] = heatmap_figure(view, heatmap_tables(view))
+        if len(attacks) > 1:  # one attack: a single row, what the curves' last points show
+            figures["heatmap"] = heatmap_figure(view, heatmap_tables(view))
         if len(fractions) > 1:
             figures["byzantine_fraction"] = fraction_figure(view)
         files: dict[str, Content] = {}
         for name, figure in figures.items():
-            files[figure_file(name, chosen, "png")] = png_writer(figure, bbox_inches="tight")
+            files[figure_file(name, chosen, "png")] = png_writer(figure, dpi=PNG_DPI, bbox_inches="tight")
             files[figure_file(name, chosen, "pdf")] = pdf_writer(figure)
         write_files(out, files)
         for stale in set(FIGURES) - figures.keys():  # a skipped figure's files from an earlier call

@@ -63,22 +63,35 @@ def with_resolved_paths(data: dict[str, Any], base_dir: Path | None = None) -> d
 
 def load_plugins(entries: Any, source: str | None = None) -> None:
     """Import the installed entry points (once) and every entry of ``entries`` (a
-    config's ``plugins``).  Raises :class:`ConfigError` naming ``plugins[i]`` for an
-    entry that is not a string or fails to import, with the reason."""
+    config's ``plugins``).  Raises :class:`ConfigError` naming ``plugins[i]`` for each
+    entry that is not a string or fails to import, with the reason
+    (:func:`plugin_problems`)."""
+    problems = plugin_problems(entries)
+    if problems:
+        where = "invalid config" + (f" {source}" if source else "") + ":"
+        raise ConfigError("\n".join([where, *(f"  {field}: {message}" for field, message in problems)]))
+
+
+def plugin_problems(entries: Any) -> list[tuple[str, str]]:
+    """Import the installed entry points (once) and every entry of ``entries`` that
+    imports; ``(field, message)`` for each that is not a string or fails to import.
+    Every entry is tried, so that one report names every bad entry (and the config's
+    other fields, :func:`robust_pfl.config.check_config`)."""
     load_entry_points()
     if entries is None:
-        return
-    where = "invalid config" + (f" {source}" if source else "") + ":"
+        return []
     if not isinstance(entries, list):
-        raise ConfigError(f"{where}\n  plugins: must be a list of module names or .py paths, got {entries!r}")
+        return [("plugins", f"must be a list of module names or .py paths, got {entries!r}")]
+    problems = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, str) or not entry:
-            raise ConfigError(f"{where}\n  plugins[{index}]: must be a module name or a .py path, got {entry!r}")
+            problems.append((f"plugins[{index}]", f"must be a module name or a .py path, got {entry!r}"))
+            continue
         try:
             _import(entry)
         except Exception as error:  # noqa: BLE001 - any failure of the user's module is a config error
-            reason = f"{type(error).__name__}: {error}"
-            raise ConfigError(f"{where}\n  plugins[{index}]: cannot import {entry!r} ({reason})") from None
+            problems.append((f"plugins[{index}]", f"cannot import {entry!r} ({type(error).__name__}: {error})"))
+    return problems
 
 
 def _import(entry: str) -> None:

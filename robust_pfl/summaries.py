@@ -17,7 +17,9 @@ recorded round); runs are grouped by their labels and the seeds averaged:
   with the same labels and seed replaced (an edited grid file) does not.
 
 :func:`summary_table` returns the table as a DataFrame (values in the stored units),
-:func:`compare_tables` two of them cell by cell, :func:`render` either as Markdown,
+:func:`compare_tables` two of them cell by cell (matched on every label, or with
+``across`` / ``match`` on chosen ones: two runs under different attacks, method by
+method), :func:`render` either as Markdown,
 a booktabs LaTeX tabular or CSV: Markdown and LaTeX show accuracies stored as
 fractions in percent, ``mean ± sd``, and ``mean (n=1)`` for a single seed; CSV holds
 the numbers unrounded, in the stored units.
@@ -27,8 +29,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +141,7 @@ def _grid_finals(directory: Path) -> Finals:
     keys = [c for c in axes if c in raw.columns]
     latest = cells.drop_duplicates(keys, keep="last")["cell"] if keys else cells["cell"]
     raw = raw[raw["cell"].isin(set(latest)) & (raw["final"].str.strip().str.lower() == "true")].copy()
-    recorded, order = _grid_json(directory / GRID_JSON)
+    recorded, order = recorded_grid(directory / GRID_JSON)
     appended = list(dict.fromkeys(raw["cell"]))
     rank = {cell: index for index, cell in enumerate(dict.fromkeys([*(c for c in order if c in set(appended)),
                                                                      *appended]))}
@@ -161,7 +163,7 @@ def _grid_finals(directory: Path) -> Finals:
     return Finals(frame.reset_index(drop=True), labels, directory, "grid")
 
 
-def _grid_json(path: Path) -> tuple[dict[str, Any], list[str]]:
+def recorded_grid(path: Path) -> tuple[dict[str, Any], list[str]]:
     """``grid.json``'s cells and order (empty where it is absent or unreadable: the
     order is then the store's, the attack not recorded)."""
     try:
@@ -198,9 +200,7 @@ def _run_finals(directory: Path) -> Finals:
     last = raw.groupby([*run_columns, "metric"], sort=False)["_round"].transform("max")
     raw = raw[raw["_round"] == last]
     raw = raw.drop_duplicates([*run_columns, "metric"], keep="last")
-    methods = []
-    if isinstance(config, dict):
-        methods = [str(m.get("label") or m.get("name")) for m in config.get("methods") or [] if isinstance(m, dict)]
+    methods = config_methods(config)
     rank = {method: index for index, method in enumerate(dict.fromkeys([*methods, *raw["method"]]))}
     raw = raw.assign(_rank=raw["method"].map(rank)).sort_values("_rank", kind="stable")
     attack = _attack_label(config) if isinstance(config, dict) else NOT_RECORDED
@@ -213,6 +213,14 @@ def _run_finals(directory: Path) -> Finals:
         "run": run, "seed": raw["seed"], "metric": raw["metric"], "value": _numbers(raw, "value", history),
     })
     return Finals(frame.reset_index(drop=True), labels, directory, "run")
+
+
+def config_methods(config: Any) -> list[str]:
+    """The method labels (else names) of a config recorded as JSON, in its order (none
+    where it records no methods): the order tables and figures show them in."""
+    if not isinstance(config, dict):
+        return []
+    return [str(m.get("label") or m.get("name")) for m in config.get("methods") or [] if isinstance(m, dict)]
 
 
 # -- the tables -------------------------------------------------------------------------------
@@ -243,9 +251,9 @@ def _percent(values: pd.Series, metric: str) -> bool:
     return named and bool(finite.between(0.0, 1.0).all())
 
 
-def _ranked(frame: pd.DataFrame, labels: list[str], order: pd.DataFrame) -> pd.DataFrame:
+def _ranked(frame: pd.DataFrame, labels: list[str], order: pd.DataFrame | Mapping[str, Iterable[str]]) -> pd.DataFrame:
     """``frame`` sorted by its labels, each in the order of first appearance in
-    ``order`` (method first, then attack, then the other axes)."""
+    ``order[label]`` (method first, then attack, then the other axes)."""
     if frame.empty or not labels:
         return frame.reset_index(drop=True)
     keys = []
@@ -299,11 +307,20 @@ def shown_labels(frame: pd.DataFrame, labels: Sequence[str]) -> list[str]:
 
 
 def compare_tables(results: str | Path | Finals, other: str | Path | Finals,
-                   metrics: Sequence[str] | None = None) -> pd.DataFrame:
+                   metrics: Sequence[str] | None = None, *, match: Sequence[str] | None = None,
+                   across: Sequence[str] | None = None) -> pd.DataFrame:
     """:func:`summary_table` of ``results`` and of ``other``, matched row by row on
     their labels: per metric ``<metric>_mean``, ``_sd``, ``_n`` (``results``),
     ``<metric>_other_mean``, ``_other_sd``, ``_other_n`` and ``<metric>_diff`` (mean
     minus other mean), and ``present``: ``both``, ``this only`` or ``other only``.
+
+    By default rows match on every label, so two runs under different attacks share no
+    row.  ``across`` names labels *not* to match on (``["attack"]``: each method of
+    one run against the same method of the other, whatever their attacks); ``match``
+    names the only labels to match on (every other label is compared across).  A label
+    compared across keeps each side's value, in ``<label>`` and ``<label>_other``; a
+    row meets every row of the other side with the same matched labels.  ``seed``
+    (averaged over otherwise) may be named in either: the rows are then per seed.
 
     Labels match by value; a label column that only one side has is left out where it
     is constant there, and otherwise kept (the other side's rows then hold ``""``
@@ -312,49 +329,78 @@ def compare_tables(results: str | Path | Finals, other: str | Path | Finals,
     this, that = _as_finals(results), _as_finals(other)
     available = [*this.metrics, *[m for m in that.metrics if m not in this.metrics]]
     chosen = choose_metrics(available, metrics, f"{this.source} or {that.source}")
+    named = _compared_labels(this, that, match, across)
+    if "seed" in named:  # matched or compared seed by seed: a label, not averaged over
+        this, that = (replace(finals, labels=[*finals.labels, "seed"]) for finals in (this, that))
     tables = [_table(finals, chosen, list(finals.labels)) for finals in (this, that)]
     one_sided = [(table, finals, [c for c in finals.labels if c not in other_side.labels])
                  for table, finals, other_side in ((tables[0], this, that), (tables[1], that, this))]
     for index, (table, finals, only) in enumerate(one_sided):
-        constant = [c for c in only if finals.frame[c].nunique(dropna=False) <= 1]
+        constant = [c for c in only if finals.frame[c].nunique(dropna=False) <= 1 and c not in named]
         tables[index] = table.drop(columns=constant)
-    keys = [c for c in this.labels if c in tables[0].columns]
-    keys += [c for c in that.labels if c in tables[1].columns and c not in keys]
+    labels = [c for c in this.labels if c in tables[0].columns]
+    labels += [c for c in that.labels if c in tables[1].columns and c not in labels]
+    compared = [c for c in labels if c not in match] if match else [c for c in labels if c in (across or ())]
+    keys = [c for c in labels if c not in compared]
     for table in tables:
-        for column in keys:
+        for column in labels:
             if column not in table.columns:
                 table[column] = ""
     values = [c for m in chosen for c in (f"{m}_mean", f"{m}_sd", f"{m}_n")]
-    left = tables[0][keys + values]
-    right = tables[1][keys + values].rename(columns={f"{m}_{s}": f"{m}_other_{s}" for m in chosen
-                                                      for s in ("mean", "sd", "n")})
-    merged = left.merge(right, on=keys, how="outer", indicator=True, sort=False)
+    left = tables[0][keys + compared + values]
+    renamed = {**{f"{m}_{s}": f"{m}_other_{s}" for m in chosen for s in ("mean", "sd", "n")},
+               **{c: f"{c}_other" for c in compared}}
+    right = tables[1][keys + compared + values].rename(columns=renamed)
+    if keys:
+        merged = left.merge(right, on=keys, how="outer", indicator=True, sort=False)
+    else:  # nothing matched on: every row meets every row
+        merged = left.merge(right, how="cross").assign(_merge="both")
     merged["present"] = merged.pop("_merge").map(
         {"both": "both", "left_only": "this only", "right_only": "other only"}).astype(str)
+    for column in [c for c in merged.columns if c in renamed.values() or c in compared]:
+        if merged[column].dtype == object:
+            merged[column] = merged[column].fillna("")
     for metric in chosen:
         merged[f"{metric}_diff"] = merged[f"{metric}_mean"] - merged[f"{metric}_other_mean"]
         for column in (f"{metric}_n", f"{metric}_other_n"):
             merged[column] = merged[column].fillna(0).astype(int)
-    orders = []
-    for finals in (this, that):
-        order = finals.frame[finals.labels].copy()
-        for column in keys:
-            if column not in order.columns:
-                order[column] = ""
-        orders.append(order)
+    other_columns = [f"{c}_other" for c in compared]
+    orders = [{c: (finals.frame[c] if c in finals.frame.columns else [""]) for c in labels} for finals in (this, that)]
+    ranks = {**orders[0], **{f"{c}_other": orders[1][c] for c in compared}}
     first = merged[merged["present"] != "other only"]
     second = merged[merged["present"] == "other only"]
-    merged = pd.concat([_ranked(first, keys, orders[0]), _ranked(second, keys, orders[1])], ignore_index=True)
-    columns = [*keys, *[f"{m}_{s}" for m in chosen for s in ("mean", "sd", "n", "other_mean", "other_sd",
-                                                               "other_n", "diff")], "present"]
+    merged = pd.concat([_ranked(first, [*keys, *compared, *other_columns], ranks),
+                        _ranked(second, [*keys, *other_columns], {**ranks, **orders[1]})], ignore_index=True)
+    pairs = [c for column in compared for c in (column, f"{column}_other")]
+    columns = [*keys, *pairs, *[f"{m}_{s}" for m in chosen for s in ("mean", "sd", "n", "other_mean", "other_sd",
+                                                                       "other_n", "diff")], "present"]
     merged = merged[columns]
     both = pd.concat([this.frame, that.frame], ignore_index=True)
     shown = [c for c in keys if c in ("method", "attack") or merged[c].nunique(dropna=False) > 1]
     merged.attrs.update(
-        source=str(this.source), other=str(that.source), kind="compare", labels=shown, keys=keys,
-        metrics=chosen, percent=[m for m in chosen if _percent(both.loc[both["metric"] == m, "value"], m)],
+        source=str(this.source), other=str(that.source), kind="compare", labels=[*shown, *pairs], keys=keys,
+        across=compared, metrics=chosen,
+        percent=[m for m in chosen if _percent(both.loc[both["metric"] == m, "value"], m)],
     )
     return merged
+
+
+def _compared_labels(this: Finals, that: Finals, match: Sequence[str] | None,
+                     across: Sequence[str] | None) -> list[str]:
+    """The labels ``match`` and ``across`` name, checked: one of them at most, each a
+    label of either side or ``seed``, ``match`` not empty."""
+    if match is not None and across is not None:
+        raise ResultsError("give --match (the labels to match on) or --across (the labels not to), not both")
+    known = list(dict.fromkeys([*this.labels, *that.labels, "seed"]))
+    named = list(match if match is not None else across or ())
+    unknown = [name for name in named if name not in known]
+    if unknown:
+        option = "--match" if match is not None else "--across"
+        raise ResultsError(f"{option} {', '.join(unknown)}: not a label of {this.source} or {that.source}; "
+                           f"labels: {', '.join(known)}")
+    if match is not None and not named:
+        raise ResultsError("--match needs at least one label (" + ", ".join(known) + ")")
+    return named
 
 
 # -- rendering --------------------------------------------------------------------------------
@@ -392,7 +438,8 @@ def display_table(frame: pd.DataFrame) -> tuple[list[str], list[list[str]], list
     labels, metrics = list(frame.attrs["labels"]), list(frame.attrs["metrics"])
     percent = set(frame.attrs.get("percent", []))
     compare = frame.attrs.get("kind") == "compare"
-    header = list(labels)
+    other_sides = {f"{c}_other": f"{c} other" for c in frame.attrs.get("across", [])}
+    header = [other_sides.get(c, c) for c in labels]
     for metric in metrics:
         name = metric_header(metric, metric in percent)
         header += [name, f"{name} other", f"Δ {name}"] if compare else [name]

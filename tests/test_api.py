@@ -157,12 +157,13 @@ def test_the_readmes_python_example_runs_as_written(monkeypatch):
 @pytest.mark.parametrize("entry", ["cli", "run", "run_to_dir"])
 def test_a_run_validates_its_config_once(entry, tmp_path, monkeypatch):
     """Validation (registries, data, device) runs once per run, whichever entry
-    point starts it."""
+    point starts it (counted where its checks run, for :func:`validate` and
+    :func:`parse_and_validate` alike)."""
     import robust_pfl.experiments as experiments
 
     calls = []
-    original = experiments.validate
-    monkeypatch.setattr(experiments, "validate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = experiments._validated
+    monkeypatch.setattr(experiments, "_validated", lambda *a, **k: calls.append(1) or original(*a, **k))
     config = small_run(seeds=[0], rounds=1)
     if entry == "cli":
         assert main(["run", str(as_toml(config, tmp_path / "c.toml")), "--out", str(tmp_path / "out")]) == 0

@@ -140,7 +140,7 @@ def test_curves_mark_every_evaluation_and_keep_coinciding_lines_apart(tmp_path):
             assert style(line)[2] is not None
             assert list(line.get_xdata()) == [0, 2, 4, 6]
     texts, _ = legend_entries(figure)
-    assert {"fc", "global", "ground_truth"} <= texts
+    assert {"FC", "Global", "GT (oracle clusters)"} <= texts  # the ids by their readable names
 
 
 def test_every_line_of_the_plot_figures_has_a_legend_entry(tmp_path):

@@ -254,8 +254,11 @@ def test_checkpointed_cells_store_the_same_rows_and_leave_no_checkpoint(tmp_path
 def test_an_interrupted_checkpointed_cell_resumes_mid_run(tmp_path, monkeypatch, capsys):
     """A cell that fails after its checkpoint at round 2 is recorded as errored and
     keeps its checkpoint; the rerun steps only rounds 2-5 and stores what an
-    uninterrupted run stores.  Each checkpoint and the resume are reported on stderr."""
+    uninterrupted run stores.  Under --verbose, each checkpoint and the resume are
+    reported on stderr."""
     from robust_pfl.engine.federation import Federation
+
+    monkeypatch.setenv("ROBUST_PFL_VERBOSE", "1")
 
     one_cell = {"seeds": [0], "methods": [{"name": "fc", "lr": 0.05, "heavy_ball": 0.9}],
                 "grid": {"attack": [{"name": "large_gradient"}], "byzantine": {"total": [2]}}}

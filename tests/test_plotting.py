@@ -107,7 +107,8 @@ def test_one_fraction_skips_the_fraction_figure_with_a_note(tmp_path):
 
 def test_run_history_plots_with_the_configs_attack(tmp_path, capsys):
     """A run's history.csv (leading extra column ``setting``): one attack, named by the
-    config in summary.json beside it; no fraction axis, so that figure is skipped."""
+    config in summary.json beside it, so no heatmap; no fraction axis, so that figure
+    is skipped too."""
     rows = [
         {"setting": setting, "method": method, "seed": seed, "round": r, "metric": "param_error",
          "value": 10.0 ** (-r) * (1 + seed)}
@@ -124,8 +125,8 @@ def test_run_history_plots_with_the_configs_attack(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "plotted param_error" in printed
     assert "byzantine_fraction: skipped (history.csv records no Byzantine fraction)" in printed
-    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
-        "curves-param_error.pdf", "curves-param_error.png", "heatmap-param_error.pdf", "heatmap-param_error.png"]
+    assert "heatmap: skipped (one attack in the data: large_gradient; the curves show it)" in printed
+    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == ["curves-param_error.pdf", "curves-param_error.png"]
 
 
 def test_a_backdoor_runs_success_rate_is_plotted_beside_its_accuracy(tmp_path, capsys):
@@ -141,7 +142,7 @@ def test_a_backdoor_runs_success_rate_is_plotted_beside_its_accuracy(tmp_path, c
     printed = capsys.readouterr().out
     assert "plotted test_accuracy" in printed and "plotted attack_success_rate" in printed
     names = {p.name for p in (tmp_path / "p").iterdir()}
-    assert {"curves-attack_success_rate.png", "heatmap-attack_success_rate.png"} <= names
+    assert {"curves-attack_success_rate.png", "curves-attack_success_rate.pdf"} <= names
     view = plotting.metric_view(plotting.load_results(tmp_path), "attack_success_rate")
     assert view.percent and view.label == "Attack success rate (%)"
     assert sorted(view.frame["value"].round(6)) == [0.0, 30.0, 60.0]
@@ -349,3 +350,151 @@ def test_write_files_stages_everything_before_moving(tmp_path):
         write_files(tmp_path, {"a.txt": "new a", "b.txt": broken})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt", "b.txt"]
     assert (tmp_path / "a.txt").read_text() == "old a"
+
+
+# -- figures a paper can use (issue 44): on a real run and a real grid ---------------------------
+PAPER_RUN = """\
+seeds = [0]
+rounds = 2
+eval_every = 1
+batch_size = 8
+task = { name = "image", dataset = "digits", kind = "private_label", clusters = 2, clients_per_cluster = 3, \
+model = { name = "mlp", hidden = [16] } }
+byzantine = { total = 1 }
+attack = { name = "large_gradient" }
+methods = [
+    { name = "ground_truth", lr = 0.1 },
+    { name = "global", label = "global+median", aggregator = "median", lr = 0.1 },
+    { name = "fc", lr = 0.1 },
+    { name = "local", lr = 0.1 },
+]
+"""
+#: The config's order (alphabetical would be fc, global+median, ground_truth, local) by
+#: the names the figures give them.
+SHOWN_METHODS = ["GT (oracle clusters)", "Global + median", "FC", "Local"]
+
+
+@pytest.fixture(scope="module")
+def paper(tmp_path_factory) -> Path:
+    """A real run (one attack) in ``run/`` and a real grid of the same config under two
+    attacks in ``grid/``: 2 rounds of 4 methods on the embedded digits."""
+    root = tmp_path_factory.mktemp("paper")
+    (root / "run.toml").write_text(PAPER_RUN)
+    (root / "grid.toml").write_text(PAPER_RUN + '\n[grid]\nattack = [{name = "large_gradient"}, {name = "none"}]\n')
+    assert main(["run", str(root / "run.toml"), "--out", str(root / "run"), "--quiet"]) == 0
+    assert main(["grid", str(root / "grid.toml"), "--out", str(root / "grid"), "--quiet"]) == 0
+    return root
+
+
+def legend_texts(figure) -> list[str]:
+    return [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+
+
+@pytest.mark.parametrize("store", ["run", "grid"])
+def test_legend_lists_methods_in_config_order_by_readable_names(paper, store):
+    view = view_of(paper / store)
+    figure = plotting.curves_figure(view)
+    try:
+        assert legend_texts(figure) == SHOWN_METHODS
+        titles = [axis.get_title() for axis in figure.axes]
+    finally:
+        plt.close(figure)
+    # the baseline first, whatever the grid's order; attacks by their names
+    assert titles == (["attack: Large gradient"] if store == "run" else ["attack: No attack", "attack: Large gradient"])
+
+
+def test_heatmap_columns_in_config_order_by_readable_names(paper):
+    view = view_of(paper / "grid")
+    (table,) = plotting.heatmap_tables(view)
+    assert list(table.mean.columns) == ["ground_truth", "global+median", "fc", "local"]  # the data keep the labels
+    figure = plotting.heatmap_figure(view, [table])
+    try:
+        axis = figure.axes[0]
+        assert [t.get_text() for t in axis.get_xticklabels()] == SHOWN_METHODS
+        assert [t.get_text() for t in axis.get_yticklabels()] == ["No attack", "Large gradient"]
+        assert (axis.collections[0].norm.vmin, axis.collections[0].norm.vmax) == (0.0, 100.0)  # accuracy's scale
+    finally:
+        plt.close(figure)
+
+
+@pytest.mark.parametrize("store", ["run", "grid"])
+def test_accuracy_axes_run_from_0_to_100(paper, store):
+    """Accuracies in percent on 0-100 axes, however close together the runs ended
+    (these all near 15 %); a loss keeps the axis its values give."""
+    view = view_of(paper / store)
+    assert view.percent
+    figure = plotting.curves_figure(view)
+    try:
+        assert [axis.get_ylim() for axis in figure.axes] == [(0.0, 100.0)] * len(figure.axes)
+    finally:
+        plt.close(figure)
+    loss = plotting.curves_figure(view_of(paper / store, "test_loss"))
+    try:
+        assert all(axis.get_ylim() != (0.0, 100.0) for axis in loss.axes)
+    finally:
+        plt.close(loss)
+
+
+def test_titles_sit_above_the_panels(paper):
+    """Each figure's title (its suptitle) starts above the top of every panel, the
+    panels' own titles and tick labels included: it covers no data."""
+    view = view_of(paper / "grid")
+    figures = [plotting.curves_figure(view), plotting.heatmap_figure(view, plotting.heatmap_tables(view))]
+    try:
+        for figure in figures:
+            renderer = figure.canvas.get_renderer()
+            title = figure._suptitle.get_window_extent(renderer)
+            top = max(axis.get_tightbbox(renderer).y1 for axis in figure.axes)
+            assert title.y0 >= top - 0.5, (title, top)
+    finally:
+        for figure in figures:
+            plt.close(figure)
+
+
+def test_pngs_are_300_dpi_and_one_attack_draws_no_heatmap(paper, capsys):
+    """Every PNG says 300 dpi in its metadata, beside its PDF; the grid (two attacks)
+    gets a heatmap, the run (one attack) none, with a note saying why."""
+    from PIL import Image
+
+    grid = plotting.plot_results(paper / "grid", paper / "grid-plots")
+    run = plotting.plot_results(paper / "run", paper / "run-plots")
+    assert {p.name for p in grid.files} == {f"{f}-test_accuracy.{k}" for f in ("curves", "heatmap") for k in ("png", "pdf")}
+    assert {p.name for p in run.files} == {f"curves-test_accuracy.{k}" for k in ("png", "pdf")}
+    assert "heatmap: skipped (one attack in the data: large_gradient; the curves show it)" in run.notes
+    assert not any(note.startswith("heatmap") for note in grid.notes)
+    for path in [*grid.files, *run.files]:
+        if path.suffix == ".png":
+            with Image.open(path) as image:
+                assert image.info["dpi"] == pytest.approx((300, 300), abs=0.01)
+        else:
+            assert path.read_bytes().startswith(b"%PDF")
+
+
+def test_every_registered_name_has_a_readable_name():
+    """New algorithms, aggregators and attacks get a name in the figures' table."""
+    import attacks
+    import defenses
+    from robust_pfl import display_names as names
+
+    assert set(defenses.REGISTRY) <= set(names.METHOD_NAMES)
+    assert set(defenses.AGGREGATORS) | set(defenses.PRE_AGGREGATORS) <= set(names.AGGREGATOR_NAMES)
+    assert set(attacks.REGISTRY) | {"none"} <= set(names.ATTACK_NAMES)
+
+
+@pytest.mark.parametrize("label, shown", [
+    ("ground_truth", "GT (oracle clusters)"), ("global+median", "Global + median"), ("fc", "FC"),
+    ("Global+krum+nnm", "Global + Krum + NNM"), ("fc, method.lr=0.1", "FC, method.lr=0.1"),
+    ("CGPFL (K = 4)", "CGPFL (K = 4)"), ("median", "median"), ("global+nosuch", "global+nosuch"),
+])
+def test_method_names(label, shown):
+    from robust_pfl.display_names import method_name
+
+    assert method_name(label) == shown
+
+
+def test_labels_whose_names_coincide_keep_their_labels():
+    from robust_pfl.display_names import display_names, method_name
+
+    assert display_names(["global+median", "Global+median", "fc"], method_name) == {
+        "global+median": "global+median", "Global+median": "Global+median", "fc": "FC"}
+    assert display_names(["fc", "FC"], method_name) == {"fc": "fc", "FC": "FC"}

@@ -224,6 +224,44 @@ def test_compare_of_two_runs_matches_by_method_and_attack(tmp_path):
         assert row["test_loss_diff"] == pytest.approx(finals[0].mean() - finals[1].mean(), rel=1e-12)
 
 
+def test_compare_across_the_attack_pairs_two_stores_method_by_method(tmp_path, monkeypatch, capsys):
+    """Two stores that differ only in their attack share no row when every label must
+    match; ``--across attack`` (or ``--match method``) pairs them method by method,
+    each side's attack shown, the difference the fake's attack term (0.05 x 0 - 0.05 x 2)."""
+    this = fake_store(tmp_path / "none", monkeypatch, ["none"], seeds=[0, 1])
+    other = fake_store(tmp_path / "alie", monkeypatch, ["alie"], seeds=[0, 1])
+    assert (compare_tables(this, other)["present"] != "both").all()  # the default: attacks cannot meet
+
+    across = compare_tables(this, other, across=["attack"])
+    assert list(across[["method", "attack", "attack_other", "present"]].itertuples(index=False, name=None)) == [
+        (m, "none", "alie", "both") for m in ORDER]
+    assert across["test_accuracy_diff"].tolist() == pytest.approx([-0.10] * 3)
+    assert (across["test_accuracy_n"] == 2).all() and (across["test_accuracy_other_n"] == 2).all()
+    pd.testing.assert_frame_equal(compare_tables(this, other, match=["method"]), across)
+
+    assert main(["results", str(this), "--compare", str(other), "--across", "attack"]) == 0
+    rows = markdown_rows(capsys.readouterr().out)
+    assert rows[0] == ["method", "attack", "attack other", "test_accuracy (%)", "test_accuracy (%) other",
+                       "Δ test_accuracy (%)"]
+    assert rows[2] == ["median", "none", "alie", "50.5 ± 0.7", "60.5 ± 0.7", "-10.0"]
+
+    per_seed = compare_tables(this, other, match=["method", "seed"])  # seed matched: a row per seed, not averaged
+    assert list(per_seed[["method", "seed"]].itertuples(index=False, name=None)) == [
+        (m, s) for m in ORDER for s in ("0", "1")]
+    assert (per_seed["test_accuracy_n"] == 1).all() and per_seed["test_accuracy_diff"].tolist() == pytest.approx(
+        [-0.10] * 6)
+
+
+def test_compare_refuses_unknown_labels_and_matching_without_compare(tmp_path, monkeypatch, capsys):
+    this = fake_store(tmp_path / "s", monkeypatch, ["none"], seeds=[0])
+    assert main(["results", str(this), "--compare", str(this), "--across", "defence"]) == 2
+    assert "--across defence: not a label" in capsys.readouterr().err
+    assert main(["results", str(this), "--match", "method"]) == 2
+    assert "give --compare" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one or the other
+        main(["results", str(this), "--compare", str(this), "--match", "method", "--across", "attack"])
+
+
 def test_latex_is_a_booktabs_tabular_and_csv_reads_back(tmp_path, monkeypatch, capsys):
     store = fake_store(tmp_path / "s", monkeypatch, ["none", "large_gradient"], seeds=[0, 1])
     assert main(["results", str(store), "--format", "latex", "--metric", "test_accuracy", "test_loss"]) == 0

@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+import tomllib
 import types
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from robust_pfl import cli, experiments
+from robust_pfl.config import parse_config
 from robust_pfl.engine import progress
 from robust_pfl.engine.progress import ProgressLines, progress_bar
 
@@ -142,6 +144,7 @@ def test_theory_report_takes_threads_after_the_subcommand(tmp_path, monkeypatch,
 
     def write_report(out, budget="quick", names=None, seeds=1):
         seen.append(torch.get_num_threads())
+        (tmp_path / "r.md").write_text("# Theory checks\n")  # the command heads it with its provenance
         return {"statuses": {}, "kinds": {}, "contradictions": [], "seconds": 0.0,
                 "paths": {"report": str(tmp_path / "r.md")}}
 
@@ -275,3 +278,123 @@ def test_a_bar_on_a_terminal_and_in_jupyter(monkeypatch):
     monkeypatch.delitem(sys.modules, "ipykernel")
     assert isinstance(progress_bar(3, "job"), ProgressLines)
     assert not isinstance(progress_bar(3, "job", enabled=False), ProgressLines)
+
+
+# -- the ETA's cost model (issue 44) -------------------------------------------------------------
+def test_eta_after_a_costly_first_item_follows_the_cost_model(monkeypatch):
+    """Two items of 10 units: the first costs 1 a unit, the second 0.1.  The first
+    takes 10 s, so the cost model leaves 1 s (10 x 0.1 at its pace of 1 s per unit of
+    cost); extrapolating by units would say 10 s, the error the issue saw (FC first)."""
+    naive = ProgressLines(20, "job")
+    assert naive.remaining(10.0) is None  # nothing done: no ETA
+    naive.n = 10
+    assert naive.remaining(10.0) == pytest.approx(10.0)  # without costs: by units
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    bar = ProgressLines(20, "job", interval=1e9, costs=progress.WorkCosts([(10, 1.0), (10, 0.1)], 20))
+    bar.item_done("first done", advance=10)  # t = 10
+    line = stream.getvalue().strip()
+    assert line == "job: first done; 10/20 (50%), 10 s elapsed, ETA 1.0 s"
+
+
+def test_eta_of_units_finishing_out_of_order_counts_their_own_cost():
+    """A grid's cells finish in any order: the cost given with them, not the next in
+    line, is what is done."""
+    bar = ProgressLines(2, "grid", interval=1e9, costs=progress.WorkCosts([(1, 9.0), (1, 1.0)], 2))
+    bar.update(1, cost=1.0)  # the cheap cell finished first
+    assert bar.remaining(5.0) == pytest.approx(45.0)  # 5 s for a cost of 1; 9 left
+
+
+def test_a_bar_advances_by_cost_share(monkeypatch):
+    """On a terminal the tqdm bar counts cost scaled to the units, so its own rate and
+    ETA are the cost model's."""
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    bar = progress_bar(20, "job", enabled=True, costs=[(10, 1.0), (10, 0.1)])
+    bar.update(10)
+    assert bar.bar.n == pytest.approx(20 * 10 / 11)
+    bar.close()
+
+
+def test_a_run_weighs_its_methods_rounds_by_their_estimated_cost(tiny_config, monkeypatch):
+    """run_table hands the bar each method's rounds at its estimated seconds a round
+    (robust_pfl.costs.round_seconds), and FC's clustering rounds cost more than Local's."""
+    seen = {}
+    real = experiments.progress_bar
+
+    def spy(total, description, enabled=None, interval=None, costs=None):
+        seen.update(total=total, costs=costs)
+        return real(total, description, False)
+
+    monkeypatch.setattr(experiments, "progress_bar", spy)
+    config = experiments.validate(parse_config({**tomllib.loads(TINY), "seeds": [0, 1]}))
+    experiments.run_table(config, validated=True)
+    fc, local = experiments.built(config).round_seconds
+    assert seen == {"total": 16, "costs": [(4, fc), (4, local), (4, fc), (4, local)]}
+    assert fc > local
+
+
+def test_a_grid_weighs_each_cell_by_its_estimate(tmp_path, monkeypatch):
+    """run_grid hands the bar each cell's cost estimate (a cell of FC outweighs one of
+    Local), and each finished cell counts that cost, whatever order cells finish in."""
+    from robust_pfl import grid as grid_module
+    from robust_pfl.grid_file import expand_grid
+
+    seen, real = {}, grid_module.progress_bar
+
+    def spy(total, description, enabled=None, interval=None, costs=None):
+        bar = real(total, description, True, 1e9, costs)
+        seen.update(costs=costs, bar=bar)
+        return bar
+
+    monkeypatch.setattr(grid_module, "progress_bar", spy)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # lines, not a bar
+    grid = expand_grid(tomllib.loads(TINY + "[grid]\nbyzantine.total = [0]\n"), "tiny.toml")
+    grid_module.run_grid(grid, tmp_path / "out")
+    fc, local = (cell.seconds for cell in grid.cells)
+    assert seen["costs"] == [(1, fc), (1, local)] and fc > local > 0
+    assert seen["bar"].cost_done == pytest.approx(fc + local)
+
+
+# -- checkpoint lines only under --verbose (issue 44) ----------------------------------------------
+CHECKPOINTED = TINY.replace("rounds = 4\n", "rounds = 4\ncheckpoint_every = 2\n", 1)
+
+
+@pytest.mark.parametrize("command, extra", [("run", ""), ("grid", "[grid]\nbyzantine.total = [0]\n")])
+def test_checkpoint_lines_only_under_verbose(tmp_path, capsys, command, extra):
+    """A checkpointed run or grid writes no line per checkpoint by default (they were
+    230 of the 261 lines of ``reproduce fig6 --quick``); ``--verbose`` adds them."""
+    config = tmp_path / "tiny.toml"
+    config.write_text(CHECKPOINTED + extra)
+    for flags, expected in (([], 0), (["--verbose"], 4)):  # 2 methods x checkpoints at rounds 2 and 4
+        out = tmp_path / f"out{len(flags)}"
+        assert cli.main([command, str(config), "--out", str(out), *flags]) == 0
+        err = capsys.readouterr().err
+        assert sum("checkpointed" in line for line in err.splitlines()) == expected, err
+        assert "ROBUST_PFL_VERBOSE" not in os.environ  # restored after the command
+
+
+def test_a_run_is_bit_identical_at_one_and_two_threads():
+    """What the thread policy relies on when it changes the count mid-run: the quick
+    start's task with a 75,010-parameter MLP (above torch's parallel grain, so sums and
+    products split across threads), FC, the median and Global under large gradients."""
+    import robust_pfl
+
+    config = tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml").read_text())
+    config.update(rounds=6, eval_every=3)
+    config["task"]["model"] = {"name": "mlp", "hidden": [1000]}
+    config["methods"] = [m for m in config["methods"] if m.get("label", m["name"]) in ("fc", "global+median", "global")]
+    histories = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            histories.append(robust_pfl.run(config, progress=False))
+    finally:
+        torch.set_num_threads(before)
+    assert histories[0].equals(histories[1])

@@ -53,8 +53,8 @@ class Aggregator(ABC):
 
     A subclass is a frozen dataclass whose fields are its options; it declares, as
     class attributes, ``name`` (the registry key a config names), ``summary`` (one
-    line for ``robust-pfl aggregators``) and ``reference`` (its paper), and implements
-    :meth:`aggregate_rows`.  It may override :meth:`check` to refuse sender counts it
+    line for ``robust-pfl defenses``, which lists the aggregators after the
+    algorithms) and ``reference`` (its paper), and implements :meth:`aggregate_rows`.  It may override :meth:`check` to refuse sender counts it
     cannot work with.  The base class checks the input, drops inadmissible rows (NaN,
     Inf, overflowing norm) before the subclass sees them, and substitutes the fallback
     (``previous`` where usable, else zeros) for problems without an admissible row."""

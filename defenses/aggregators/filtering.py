@@ -308,8 +308,11 @@ class Flame(Aggregator):
        cluster.  **Substitute**: with ``min_samples = 1`` HDBSCAN's hierarchy is the
        single-linkage tree; here that tree is built (:func:`agglomerate`) until the
        first cluster of at least ``floor(n/2) + 1`` rows forms, and that cluster is
-       admitted (the rest are noise).  HDBSCAN's stability-based selection may drop
-       a few more outlying points of that cluster;
+       admitted (the rest are noise).  Where other rows join that cluster at the very
+       distance of the merge that made it a majority (ties), HDBSCAN
+       (``allow_single_cluster``) admits them too and this substitute does not: it
+       admits a subset of HDBSCAN's rows, the same rows without such ties
+       (``tests/test_flame_hdbscan.py`` checks both against scikit-learn's HDBSCAN);
     2. *Clipping*: the bound ``S`` is the median norm of all admissible rows (the
        median distance to the global model in the paper); admitted rows are clipped to
        ``S`` and averaged;

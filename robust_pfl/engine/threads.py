@@ -6,8 +6,9 @@ Why not a fixed count: a torch thread that shares its core with another job make
 parallel op wait for it.  On a 2-core VM the quick start took 1.5x longer on two threads
 than on one next to a single busy process, and 4-8x longer with several, while on an
 idle machine two threads were 1.6x faster than one (``benchmarks/README.md``, "Thread
-defaults").  Results are bit-identical across thread counts, so a change of count during
-a run changes no number.
+defaults").  The engine's runs are bit-identical at one and two threads
+(tests/test_threads_progress.py), so a change of count during a run changes no number
+there; torch does not promise it for every kernel and count.
 
 Other processes' load is read from ``/proc/stat`` (busy time of all CPUs, steal
 included) less this process's own CPU time; where ``/proc/stat`` is missing the policy

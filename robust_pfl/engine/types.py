@@ -18,21 +18,26 @@ MessageKind = Literal["gradient", "momentum", "cross_gradient", "model", "loss"]
 
 @dataclass(frozen=True)
 class AttackContext:
-    """What an attacker may see when the federation collects one set of messages.
+    """What an attacker may see when the federation collects one set of messages
+    ``[..., S, d]`` from ``S`` senders (docs/extending.md, "Context and state reference").
 
     Attributes:
         round_index: the training round (0-based).
-        kind: what the messages are (own gradients, momenta, FC's cross gradients ...).
-        byzantine: ``[N]`` bool mask of Byzantine senders.
-        cluster_ids: ``[N]`` hidden cluster of every client (an omniscient attacker
+        kind: what the messages are (own gradients, momenta, FC's cross gradients,
+            models, reported losses ``[S, K]``).
+        byzantine: ``[S]`` bool mask of the Byzantine senders of this delivery.
+        cluster_ids: ``[S]`` hidden cluster of every sender (an omniscient attacker
             may use it; Byzantine clients carry the cluster they were placed in).
-        receivers: for ``cross_gradient`` messages ``[..., N, d]``, the index of the
-            client whose model the leading rows were evaluated at; else ``None``.
-        senders: ``[N]`` global client index of every message row (FC's random
+        receivers: for messages ``[R, S, d]`` delivered to ``R`` clients apart (FC's
+            cross gradients, PDL-TC's and FedSPD's neighbours), ``[R]``: the client
+            that block ``r`` goes to; ``None``: one set for the server.
+        senders: ``[S]`` global client index of every message row (FC's random
             subgroups deliver a subset of the clients); ``None`` means all clients in
             order.
-        defense_state: what the defense exposes to adaptive attacks (e.g. ``centres``,
-            ``radius``); empty for non-adaptive defenses.
+        defense_state: what the defense publishes to adaptive attacks, as its
+            ``published_state`` declares (:mod:`robust_pfl.engine.defense_state`: e.g.
+            FC's ``centres`` ``[R, 1, d]``, MC's ``[K, d]``, ``None`` in round 0); empty
+            for a defense that publishes nothing.
         generator: the attack's own seeded generator (independent of data sampling).
     """
 

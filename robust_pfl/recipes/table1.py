@@ -33,7 +33,7 @@ from statistics import mean
 from typing import Any
 
 from robust_pfl.config import parse_config
-from robust_pfl.experiments import build_task, validate
+from robust_pfl.experiments import build_task, parse_and_validate, validate
 from robust_pfl.backends import Backend
 from robust_pfl.engine.devices import describe_device
 from robust_pfl.grid import grid_results, run_grid
@@ -154,7 +154,7 @@ def cells(mode: Mode, data_dir: str | None, partition: str, device: str | None =
             length = cell_length(kind, label, mode, samples)
             for seed in range(mode.seeds):
                 config = {**base, **length, "seeds": [seed], "methods": [{**method, **OPTIMISER}]}
-                config = validate(parse_config(config, SOURCE), SOURCE)
+                config = parse_and_validate(config, SOURCE)
                 out.append(grid_cell(config, {"task": kind, "method": label, "seed": seed}))
     return Grid(SOURCE, ["task", "method", "seed"], out, Resources())
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import attacks
-from robust_pfl.config import ConfigError, parse_config
+from robust_pfl.config import ConfigError
 from robust_pfl.engine.types import BackdoorAttack
 from robust_pfl.grid_file import Grid, GridCell, Resources, grid_cell
 from robust_pfl.worst_case.spec import ALL, BenchmarkSpec
@@ -110,14 +110,14 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
     """Every level and defense setting must make a valid run without Byzantine
     clients: a failure there is the file's error (a bad option, a level whose data do
     not fit), raised now, never reported as a combination that is not applicable."""
-    from robust_pfl.experiments import validate
+    from robust_pfl.experiments import parse_and_validate
 
     problems = []
     for level in spec.benchmark.heterogeneity:
         for index, defense in enumerate(spec.defenses):
             for candidate, method in defense.candidates(spec.benchmark.tune):
                 try:
-                    validate(parse_config(cell_payload(spec, level, 0.0, method, clean.table), spec.source), spec.source)
+                    parse_and_validate(cell_payload(spec, level, 0.0, method, clean.table), spec.source)
                 except ConfigError as error:
                     where = f"defenses[{index}] ({defense.display}, {candidate}) at level {level['label']!r}"
                     problems += [f"  {where}: {line.strip()}" for line in str(error).splitlines()[1:]]
@@ -128,7 +128,7 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
 def build_plan(spec: BenchmarkSpec) -> Plan:
     """Every cell of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
     combinations that fail validation are recorded as not applicable."""
-    from robust_pfl.experiments import built, validate
+    from robust_pfl.experiments import built, parse_and_validate
 
     plan = Plan(spec)
     entries = attack_set(spec)
@@ -144,7 +144,7 @@ def build_plan(spec: BenchmarkSpec) -> Plan:
                                 "fraction": fraction, "attack": entry.label}
                         payload = cell_payload(spec, level, fraction, method, entry.table)
                         try:
-                            config = validate(parse_config(payload, spec.source), spec.source)
+                            config = parse_and_validate(payload, spec.source)
                         except ConfigError as error:
                             reason = " ".join(str(error).splitlines()[1:]).strip() or str(error)
                             plan.not_applicable.append({**axes, "section": entry.section, "reason": reason})
