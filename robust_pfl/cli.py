@@ -43,15 +43,18 @@ def _run(args: argparse.Namespace) -> int:
 def _flower(args: argparse.Namespace) -> int:
     """``robust-pfl flower CONFIG.toml``: the run config as a Flower simulation
     (:mod:`robust_pfl.flower`; flwr is imported only here, so every other command works
-    without it)."""
-    from robust_pfl.flower import INSTALL_HINT, load_flower_config
+    without it).  Exits 1 when a node failed a request (an honest node's failure drops
+    an honest message, a Byzantine node's replaces the attack by silence: either way
+    the results are not the config's) or could not start (:class:`NodeError`); the
+    outputs of a run that finished are written first."""
+    from robust_pfl.flower import INSTALL_HINT, load_flower_config, require_flwr
 
     try:
-        import flwr  # noqa: F401
+        require_flwr()
     except ImportError:
         print(f"error: {INSTALL_HINT}", file=sys.stderr)
         return 2
-    from robust_pfl.flower import run_flower
+    from robust_pfl.flower import NodeError, failure_report, run_flower
 
     run = load_flower_config(args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
@@ -59,13 +62,20 @@ def _flower(args: argparse.Namespace) -> int:
     if held and not args.overwrite:
         raise ConfigError(f"{out} already holds a run's outputs ({', '.join(held)}); rerun with --overwrite to "
                           f"replace it (or choose another --out)")
-    summary = run_flower(run, out, verbose=args.verbose)
+    try:
+        summary = run_flower(run, out, verbose=args.verbose)
+    except NodeError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"wrote {out / 'summary.json'} and {out / 'history.csv'}")
     final = summary["final"]
     for method in [m.display for m in run.config.methods if m.display in final]:  # config order
         shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(final[method].items()))
         print(f"  {method:>14}: {shown}")
-    return 0
+    report = failure_report(summary["node_failures"], run.config.attack.name)
+    for line in report:
+        print(line, file=sys.stderr)
+    return 1 if report else 0
 
 
 def _run_outputs(out: Path) -> list[str]:

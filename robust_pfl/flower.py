@@ -38,6 +38,18 @@ exchange before the gradient one, so the strategy runs the algorithm's round and
 the algorithm ask for what it needs (``configure_train`` / ``aggregate_train`` build
 and read those messages).
 
+Plug-ins.  A node process (a Ray actor of the simulation, or a ``SuperNode``) has
+imported nothing of the run: the ``ClientApp`` carries the config as plain data and
+its plug-ins' source text, and each node imports them and validates the config at
+the strategy's first request (:func:`node_config`), before it builds its task or
+attack.
+
+Failures.  A node's error reply, a missing reply or a malformed one becomes a NaN row
+that every defense drops; the strategy counts them per node (``failures``),
+:func:`run_flower` writes them to ``summary.json`` (``node_failures``) and
+``robust-pfl flower`` prints them and exits 1.  A node that fails the first request
+(it cannot import the plug-ins or validate the config) stops the run (:class:`NodeError`).
+
 Supported methods (:func:`supported_methods`) are those whose clients send one vector
 (or one vector per model of their group) per exchange and whose state lives on the
 server; see ``docs/flower.md`` for what is not wrapped and why.
@@ -45,26 +57,28 @@ server; see ``docs/flower.md`` for what is not wrapped and why.
 
 from __future__ import annotations
 
+import importlib
 import math
+import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import Tensor
 
 import defenses
-from robust_pfl.config import ConfigError, ExperimentConfig, ImageTaskConfig, config_error, parse_config, read_toml_file, validation_problems
+from robust_pfl.config import ExperimentConfig, FlowerOptions, ImageTaskConfig, config_error, parse_config, read_toml_file
 from robust_pfl.engine.data import Batch, ClientData
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.seeding import generator as make_generator
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import AttackContext, BackdoorAttack
-from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, validate
+from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, parse_and_validate, validate
+from robust_pfl.plugins import PluginSource, install_sources, shipped_sources
 
 if TYPE_CHECKING:  # flwr is imported lazily: the package works without it
     from flwr.app import ArrayRecord, ConfigRecord, Message
@@ -96,26 +110,16 @@ INSTALL_HINT = "the Flower adapter needs flwr: pip install 'robust-pfl[flower]'"
 def require_flwr() -> None:
     """Raise ``ImportError`` naming the extra to install when flwr is missing."""
     try:
-        import flwr  # noqa: F401
+        importlib.import_module("flwr")
     except ImportError as error:
         raise ImportError(INSTALL_HINT) from error
 
 
 # -- configuration -----------------------------------------------------------------------
-class FlowerOptions(BaseModel):
-    """The ``[flower]`` table of a run config (everything else is the run config of
-    ``robust-pfl run``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    nodes: int | None = Field(None, ge=1, description="supernodes; must equal the run's clients (default: them)")
-    cpus_per_node: float = Field(1.0, gt=0, description="CPUs each ClientApp actor reserves (Ray backend)")
-    timeout_s: float = Field(600.0, gt=0, description="how long the strategy waits for one exchange's replies")
-
-
 @dataclass(frozen=True)
 class FlowerRun:
-    """A validated Flower run: the run config and its ``[flower]`` options."""
+    """A validated Flower run: the run config and its ``[flower]`` options
+    (:class:`robust_pfl.config.FlowerOptions`, part of the run config's schema)."""
 
     config: ExperimentConfig
     options: FlowerOptions
@@ -133,14 +137,6 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
         data = read_toml_file(path, "config")
         base_dir = path.parent
     source = source or "<dict>"
-    data = dict(data)
-    raw = data.pop("flower", {})
-    try:
-        options = FlowerOptions.model_validate(raw)
-    except ValidationError as error:
-        problems = validation_problems(error, FlowerOptions)
-        raise config_error(source, [(f"flower.{where}" if where else "flower", message)
-                                    for where, message in problems]) from None
     problems: list[tuple[str, str]] = []
     for index, method in enumerate(data.get("methods") or []):
         name = method.get("name") if isinstance(method, Mapping) else None
@@ -150,7 +146,8 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
                              f"got {name!r}"))
     if problems:
         raise config_error(source, problems)
-    config = validate(parse_config(data, source, base_dir=base_dir), source)
+    config = validate(parse_config(dict(data), source, base_dir=base_dir), source)
+    options = config.flower or FlowerOptions()
     clients = client_count(config)
     byzantine = _byzantine_count(config)
     nodes = options.nodes if options.nodes is not None else clients
@@ -268,6 +265,85 @@ def remote_federation(config: ExperimentConfig, task: Any, seed: int, exchange: 
     )
 
 
+# -- node failures --------------------------------------------------------------------------
+class NodeError(RuntimeError):
+    """Nodes that cannot take part in a run: they failed, or did not answer, the
+    strategy's first (``hello``) exchange, where each node also imports the run's
+    plug-ins and validates its config.  The run stops there: such a node would fail
+    every request."""
+
+
+@dataclass
+class NodeFailures:
+    """The requests one node failed in one run (a method and seed): an error reply
+    (the ``ClientApp`` raised), no reply within ``timeout_s``, or a reply that is not
+    one float vector of the requested shape.  Each became a NaN row, which every
+    defense drops; ``count`` of them, the first in round ``first_round`` with
+    ``first_message``."""
+
+    client: int
+    node: int
+    byzantine: bool
+    count: int
+    first_round: int
+    first_message: str
+
+
+#: ANSI colour codes (Ray colours its error text).
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+#: ``ValueError: message``: a traceback's line naming an exception and its message.
+_RAISED = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt|Warning)\b[^:\s]*: \S")
+#: The exceptions Flower and Ray wrap a node's own in.
+_WRAPPERS = re.compile(r"^ray\.|ClientAppException")
+
+
+def error_headline(reason: str) -> str:
+    """The line of a node's error text that says what went wrong: Flower's reason for
+    an exception in a ``ClientApp`` is Ray's whole traceback, the node's exception
+    followed by the ``RayTaskError`` and ``ClientAppException`` wrapping it.  Returns
+    the last line naming an exception that is not such a wrapper (``ValueError: ...``,
+    with the indented lines that continue its message, as a :class:`ConfigError`'s
+    fields, joined by spaces), else the text's last non-empty line; colour codes
+    removed."""
+    text = _ANSI.sub("", reason)
+    wrapped = re.fullmatch(r"<class '[^']*'>:<'(.*)'>", text, flags=re.DOTALL)  # Flower's "<class 'T'>:<'text'>"
+    lines = (wrapped.group(1) if wrapped else text).splitlines()
+    named = [i for i, line in enumerate(lines) if _RAISED.match(line) and not _WRAPPERS.search(line.split(":")[0])]
+    if not named:
+        return next((line.strip() for line in reversed(lines) if line.strip()), "(no message)")
+    end = named[-1] + 1
+    while end < len(lines) and lines[end][:1].isspace() and lines[end].strip():
+        end += 1
+    return " ".join(line.strip() for line in lines[named[-1]:end])
+
+
+def failure_report(failures: list[dict[str, Any]], attack: str) -> list[str]:
+    """The lines ``robust-pfl flower`` prints for the ``node_failures`` of its summary
+    (one per node and run), with what they did to the results: an honest node's
+    failure drops an honest message, a Byzantine node's drops its attack's message
+    (a silent node, weaker than the configured attack, since defenses drop NaN rows)
+    or the honest vector the strategy's attack may read."""
+    if not failures:
+        return []
+    honest = [f for f in failures if not f["byzantine"]]
+    byzantine = [f for f in failures if f["byzantine"]]
+    total = sum(f["count"] for f in failures)
+    lines = [f"error: {total} request(s) to {len(failures)} Flower node(s) failed; each failed request became a NaN "
+             "row, which the defenses drop (summary.json: node_failures):"]
+    lines += [f"  {f['run']}: client {f['client']} ({'Byzantine' if f['byzantine'] else 'honest'}, node {f['node']}): "
+              f"{f['count']} failed, the first in round {f['first_round']}: {f['first_message']}" for f in failures]
+    if honest:
+        lines.append("  honest nodes failed: their messages are missing from the aggregation, so the results are "
+                     "not those of the config")
+    if byzantine:
+        lines.append(f"  Byzantine nodes failed: their rows (the attack's messages where {attack!r} runs on the "
+                     "nodes, else the vectors the strategy's attack reads) are missing, so the run did not apply "
+                     "the config's attack")
+    return lines
+
+
 # -- the strategy -------------------------------------------------------------------------
 def _strategy_base() -> type:
     from flwr.serverapp.strategy import Strategy
@@ -298,8 +374,8 @@ class RobustStrategy:
         self.bytes_received = 0
         self._pending: list[tuple[int, Tensor, Tensor]] = []
         self._kind = "gradient"
-        #: replies that were missing, failed or malformed (each became a NaN row)
-        self.bad_replies = 0
+        #: per client, the requests its node failed (each became a NaN row)
+        self.failures: dict[int, NodeFailures] = {}
 
     # Flower's Strategy interface --------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -324,29 +400,39 @@ class RobustStrategy:
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[list[Tensor], None]:
         """The replies' vectors in request order.  A reply is filed under the row its
         sender was asked for (Flower's ``src_node_id``, not the row the reply names),
-        and a missing reply, a node's error, or a reply of the wrong shape becomes a
-        NaN row, which every defense drops as inadmissible: a node that fails or lies
-        can neither overwrite another node's reply nor stop the round (each such row
-        is counted in ``bad_replies`` and warned about)."""
+        and a missing reply, a node's error, or a reply that is not a float array of
+        the requested shape becomes a NaN row, which every defense drops as
+        inadmissible: a node that fails or lies can neither overwrite another node's
+        reply nor stop the round.  Each such row is counted against its node in
+        :attr:`failures` (``robust-pfl flower`` reports them and exits 1), and a
+        node's first failure is warned about at once."""
         requests = self._pending
         row_of = {self.node_of[client]: row for row, (client, _, _) in enumerate(requests)}
         shapes = [tuple(models.shape[:1]) if self._kind == "loss" else tuple(models.shape) for _, models, _ in requests]
         out: dict[int, Tensor] = {}
+        reasons: dict[int, str] = {}
         for reply in replies:
             row = row_of.get(reply.metadata.src_node_id)
-            if row is None or row in out or reply.has_error():
+            if row is None or row in out:  # a node not asked, or a second reply: not this row's
                 continue
-            array = reply.content["reply"]["y"].numpy()
+            if reply.has_error():
+                reasons[row] = error_headline(reply.error.reason)
+                continue
+            try:
+                array = reply.content["reply"]["y"].numpy()
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                reasons[row] = f"a reply without its array ({type(error).__name__}: {error})"
+                continue
             self.bytes_received += array.nbytes
             value = torch.from_numpy(array.copy())
             if tuple(value.shape) == shapes[row] and value.is_floating_point():
                 out[row] = value
-        missing = [row for row in range(len(requests)) if row not in out]
-        if missing:
-            self.bad_replies += len(missing)
-            clients = [requests[row][0] for row in missing]
-            warnings.warn(f"round {server_round}: no usable reply from the nodes of clients {clients}; their rows "
-                          "are NaN, which the defenses drop", RuntimeWarning, stacklevel=2)
+            else:
+                reasons[row] = f"a reply of shape {tuple(value.shape)} and dtype {value.dtype}, expected {shapes[row]}"
+        for row in range(len(requests)):
+            if row not in out:
+                self._failed(requests[row][0], server_round,
+                             reasons.get(row, f"no reply within timeout_s = {self.timeout:g} s"))
         nan = torch.tensor(math.nan, dtype=torch.float32)
         return [out[row] if row in out else nan.expand(shapes[row]).clone() for row in range(len(requests))], None
 
@@ -361,6 +447,18 @@ class RobustStrategy:
 
     def summary(self) -> None:
         """Nothing to log beyond the run's own progress."""
+
+    def _failed(self, client: int, round_index: int, message: str) -> None:
+        """Count a failed request of ``client``'s node; warn at its first."""
+        failure = self.failures.get(client)
+        if failure is not None:
+            failure.count += 1
+            return
+        byzantine = bool(self.federation.byzantine[client])
+        self.failures[client] = NodeFailures(client, self.node_of[client], byzantine, 1, round_index, message)
+        warnings.warn(f"round {round_index}: the node of client {client} ({'Byzantine' if byzantine else 'honest'}) "
+                      f"failed: {message}; its rows are NaN, which the defenses drop (every failure is counted in "
+                      "summary.json's node_failures)", RuntimeWarning, stacklevel=3)
 
     # the exchange the algorithm's federation calls --------------------------------------
     def _exchange(self, kind: str, requests: list[tuple[int, Tensor, Tensor]]) -> list[Tensor]:
@@ -381,13 +479,21 @@ class RobustStrategy:
         self.grid = grid
         nodes = list(grid.get_node_ids())
         if len(nodes) != self.federation.clients:
-            raise RuntimeError(f"the grid has {len(nodes)} nodes, the run {self.federation.clients} clients")
+            raise NodeError(f"the grid has {len(nodes)} nodes, the run {self.federation.clients} clients")
         hello = [Msg(content=RecordDict({"config": Configs({"kind": "hello", "row": 0, "seed": self.seed})}),
                      dst_node_id=node, message_type=ACTION) for node in nodes]
+        errors, answered = [], set()
         for reply in grid.send_and_receive(hello, timeout=self.timeout):
+            answered.add(reply.metadata.src_node_id)
             if reply.has_error():
-                raise RuntimeError(f"node {reply.metadata.src_node_id} failed: {reply.error.reason}")
-            self.node_of[int(reply.content["config"]["client"])] = reply.metadata.src_node_id
+                errors.append(f"node {reply.metadata.src_node_id}: {error_headline(reply.error.reason)}")
+            else:
+                self.node_of[int(reply.content["config"]["client"])] = reply.metadata.src_node_id
+        errors += [f"node {node}: no reply within timeout_s = {self.timeout:g} s" for node in nodes
+                   if node not in answered]
+        if errors:
+            raise NodeError("Flower nodes cannot run the config (they load its plug-ins and validate it when the "
+                            "run starts):\n  " + "\n  ".join(errors))
 
     def start(self, grid: Grid, num_rounds: int,
               on_round: Callable[[int, Any], None] | None = None) -> Tensor:
@@ -417,9 +523,31 @@ def _array(tensor: Tensor) -> Any:
 
 
 # -- the nodes ----------------------------------------------------------------------------
-#: Per actor process: each seed's task, and each node's state (``node_state``).
+#: Per actor process: the run's config (``node_config``), each seed's task, and each
+#: node's state (``node_state``).
+_CONFIGS: dict[str, ExperimentConfig] = {}
 _TASKS: dict[tuple[str, int], Any] = {}
 _NODES: dict[tuple[str, int, int], "NodeState"] = {}
+
+
+def node_config(payload: dict[str, Any], key: str, plugins: tuple[PluginSource, ...] = ()) -> ExperimentConfig:
+    """The run's config in a node's process (cached under ``key``, its JSON): the
+    server's plug-ins imported first (``plugins``: their source text, as a grid's cells
+    get theirs, :func:`robust_pfl.plugins.shipped_sources`), then ``payload`` (the
+    server's validated config, dumped) parsed and validated again, which also imports
+    every ``plugins`` entry and the installed entry points.
+
+    Why the node rebuilds the config rather than receiving the server's object: that
+    object holds what validation built (a plug-in's attack instance), whose class
+    unpickles only where its module is already imported, and a node process (a Ray
+    actor, or a ``SuperNode`` on another machine) has imported nothing of the run yet.
+    The warnings of validation (costs, budgets) were the server's to give."""
+    if key not in _CONFIGS:
+        install_sources(plugins, "the Flower run (on a node)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _CONFIGS[key] = parse_and_validate(payload, "the Flower run (on a node)")
+    return _CONFIGS[key]
 
 
 def _node_task(config: ExperimentConfig, key: str, seed: int) -> Any:
@@ -486,12 +614,20 @@ def answer(state: NodeState, kind: str, models: Tensor, index: Tensor, round_ind
 
 def make_client_app(config: ExperimentConfig) -> Any:
     """The ``ClientApp`` every node runs: it answers the strategy's requests with its
-    own data (``partition-id`` of its node config is its client index)."""
+    own data (``partition-id`` of its node config is its client index).
+
+    The app carries the config as plain data with the source text of its plug-ins
+    (:func:`node_config`), so a node process imports the plug-ins the server imported
+    before it builds its attack or task; it does so at the strategy's first (``hello``)
+    request, so a node that cannot stops the run there (:class:`NodeError`).  Call it
+    after the config is loaded (:func:`load_flower_config` imports the plug-ins)."""
     require_flwr()
     from flwr.app import ArrayRecord as Arrays, ConfigRecord as Configs, Context, Message as Msg, RecordDict
     from flwr.clientapp import ClientApp
 
     config_json = config.model_dump_json()
+    payload = config.model_dump()
+    plugins = shipped_sources(config.plugins)
     app = ClientApp()
 
     @app.query("robust_pfl")
@@ -499,9 +635,10 @@ def make_client_app(config: ExperimentConfig) -> Any:
         torch.set_num_threads(1)
         settings = message.content["config"]
         client = int(context.node_config["partition-id"])
+        node_run = node_config(payload, config_json, plugins)
         if settings["kind"] == "hello":
             return Msg(RecordDict({"config": Configs({"client": client, "row": 0})}), reply_to=message)
-        state = node_state(config, config_json, int(settings["seed"]), client)
+        state = node_state(node_run, config_json, int(settings["seed"]), client)
         models = torch.from_numpy(message.content["models"]["x"].numpy().copy())
         index = torch.tensor(list(settings["index"]), dtype=torch.long)
         reply = answer(state, str(settings["kind"]), models, index, int(settings["round"]), bool(settings["attack"]))
@@ -517,7 +654,10 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
     """Every method × seed of ``run`` as one Flower simulation
     (``flwr.simulation.run_simulation``, one ``ClientApp`` node per client), evaluated
     and written as ``robust-pfl run`` writes (:func:`robust_pfl.engine.results.write_results`:
-    ``summary.json`` and ``history.csv``)."""
+    ``summary.json`` and ``history.csv``), plus ``flower`` (the options and traffic)
+    and ``node_failures`` in the summary: one entry per run and node that failed a
+    request (:class:`NodeFailures` with the run's name), empty when none did.  Raises
+    :class:`NodeError` when nodes cannot start the run."""
     require_flwr()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
@@ -529,6 +669,7 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
     table = ResultTable()
     models: dict[tuple[str, int], Tensor] = {}
     traffic: dict[str, dict[str, int]] = {}
+    failures: list[dict[str, Any]] = []
     failure: list[BaseException] = []
     server_app = ServerApp()
 
@@ -549,23 +690,30 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
 
                     final = strategy.start(grid, config.rounds, on_round)
                     models[(method.display, seed)] = final.clone()
-                    traffic[f"{method.display} seed={seed}"] = {"bytes_to_nodes": strategy.bytes_sent,
-                                                                "bytes_from_nodes": strategy.bytes_received}
+                    name = f"{method.display} seed={seed}"
+                    traffic[name] = {"bytes_to_nodes": strategy.bytes_sent, "bytes_from_nodes": strategy.bytes_received}
+                    failures.extend({"run": name, **asdict(lost)} for _, lost in sorted(strategy.failures.items()))
         except BaseException as error:  # surfaced after the simulation returns
             failure.append(error)
             raise
 
     start = time.perf_counter()
     backend = {"client_resources": {"num_cpus": run.options.cpus_per_node, "num_gpus": 0.0}}
-    run_simulation(server_app=server_app, client_app=make_client_app(config), num_supernodes=run.clients,
-                   backend_config=backend, verbose_logging=verbose)
+    try:
+        run_simulation(server_app=server_app, client_app=make_client_app(config), num_supernodes=run.clients,
+                       backend_config=backend, verbose_logging=verbose)
+    except BaseException:
+        if failure:  # the server's own error (a NodeError ...), not Flower's wrapping of it
+            raise failure[0] from None
+        raise
     if failure:
         raise failure[0]
     if len(models) != len(config.methods) * len(config.seeds):
         raise RuntimeError("the Flower simulation ended before every method and seed ran (see its log)")
     seconds = time.perf_counter() - start
     extra = {"config": config.model_dump(mode="json"), "flower": run.options.model_dump(mode="json") | {
-             "traffic": traffic}, "provenance": provenance(config.device, torch.get_num_threads(), seconds)}
+             "traffic": traffic}, "node_failures": failures,
+             "provenance": provenance(config.device, torch.get_num_threads(), seconds)}
     summary = write_results(table, Path(out_dir), extra) if out_dir is not None else {"final": table.final(), **extra}
     summary["models"] = models  # not written: for callers (the equivalence test)
     return summary

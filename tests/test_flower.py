@@ -2,12 +2,15 @@
 simulator's honest models, and a bad ``[flower]`` config fails at load naming its field.
 
 The config checks run without flwr; the simulations need ``pip install 'robust-pfl[flower]'``
-and are skipped without it."""
+and are skipped without it.  Nodes import the run's plug-ins, and a node that fails is
+counted in summary.json and fails the command."""
 
 from __future__ import annotations
 
 import copy
 import json
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -169,9 +172,7 @@ def test_flower_command_writes_what_run_writes(tmp_path: Path) -> None:
 
     data = copy.deepcopy(SMALL) | {"rounds": 3, "eval_every": 1}
     data["methods"] = data["methods"][:2]
-    lines = [f"{key} = {json.dumps(value)}" for key, value in data.items() if not isinstance(value, (dict, list))
-             or key == "seeds"]
-    toml = "\n".join(lines) + "\n" + _tables(data)
+    toml = _toml(data)
     assert tomllib.loads(toml)["methods"][1]["groups"] == 2
     config = tmp_path / "small.toml"
     config.write_text(toml + '\n[flower]\nnodes = 10\n')
@@ -180,6 +181,14 @@ def test_flower_command_writes_what_run_writes(tmp_path: Path) -> None:
     assert main(["flower", str(config), "--out", str(tmp_path / "flower")]) == 0
     assert main(["run", str(plain), "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "flower" / "history.csv").read_bytes() == (tmp_path / "run" / "history.csv").read_bytes()
+
+
+def _toml(data: dict[str, Any]) -> str:
+    """``data`` (a run config of top-level values, lists of values, the task, byzantine
+    and attack tables and the methods) as a TOML file's text."""
+    lines = [f"{key} = {json.dumps(value)}" for key, value in data.items()
+             if not isinstance(value, (dict, list)) or key in ("seeds", "plugins")]
+    return "\n".join(lines) + "\n" + _tables(data)
 
 
 def _tables(data: dict[str, Any]) -> str:
@@ -199,3 +208,156 @@ def _tables(data: dict[str, Any]) -> str:
     for method in data["methods"]:
         out.append("[[methods]]\n" + "\n".join(f"{k} = {inline(v)}" for k, v in method.items()))
     return "\n\n".join(out) + "\n"
+
+
+# -- plug-ins on the nodes, node failures, one file for run and flower -------------------
+#: A node-side attack (it needs nothing but the node's own gradient) in a plug-in file.
+NEGATIVE_SCALED = textwrap.dedent('''
+    import dataclasses
+
+    import attacks
+
+
+    @attacks.register
+    @dataclasses.dataclass(frozen=True)
+    class NegativeScaled(attacks.AttackBase):
+        """Every Byzantine row: its own honest gradient times -scale."""
+
+        name = "{name}"
+        summary = "the node's own gradient times -scale"
+        needs = frozenset()
+        scale: float = 4.0
+
+        def __call__(self, messages, context):
+            return -self.scale * messages[..., context.byzantine, :]
+''')
+
+#: A plug-in that breaks the nodes of ``clients``: building their state raises.
+BREAKER = textwrap.dedent('''
+    import robust_pfl.flower as flower
+
+    _state = flower.NodeState
+
+
+    def broken(client, *args):
+        if client in {clients}:
+            raise ValueError(f"the node of client {{client}} is broken")
+        return _state(client, *args)
+
+
+    flower.NodeState = broken
+''')
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A folder for plug-in files; whatever they register or patch in this process
+    (attacks, ``robust_pfl.flower.NodeState``, their modules) is undone afterwards."""
+    import attacks
+    import robust_pfl.flower as flower
+
+    monkeypatch.setattr(flower, "NodeState", flower.NodeState)
+    before = set(attacks.REGISTRY)
+    yield tmp_path
+    for name in set(attacks.REGISTRY) - before:
+        attacks.REGISTRY.pop(name)
+    for stem in [path.stem for path in tmp_path.glob("*.py")]:
+        sys.modules.pop(stem, None)
+
+
+def test_a_plugin_attack_runs_on_the_nodes_as_in_the_simulator(plugin_dir: Path) -> None:
+    """A node-side attack registered by a plug-in file that the config names by a path
+    relative to itself: every node imports the plug-in (no node fails) and the honest
+    models of Global + median and FC equal the simulator's under that attack."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
+    from robust_pfl.experiments import build_task, built
+    from robust_pfl.flower import attack_on_node, load_flower_config, run_flower
+
+    name = f"negative_scaled_{plugin_dir.name[-8:]}".replace("-", "_")
+    (plugin_dir / "neg_attack.py").write_text(NEGATIVE_SCALED.format(name=name))
+    data = copy.deepcopy(SMALL) | {"rounds": 3, "eval_every": 3, "plugins": ["neg_attack.py"],
+                                   "attack": {"name": name, "scale": 4.0}}
+    data["methods"] = data["methods"][:2]
+    (plugin_dir / "run.toml").write_text(_toml(data))
+    run = load_flower_config(plugin_dir / "run.toml")
+    assert attack_on_node(built(run.config).attack, "global")  # the nodes run it, not the strategy
+
+    summary = run_flower(run, plugin_dir / "out")
+    assert summary["node_failures"] == []
+    simulated = simulated_models(data | {"plugins": [str(plugin_dir / "neg_attack.py")]})
+    byzantine = build_task(run.config, 0).byzantine
+    for method in run.config.methods:
+        assert honest_gap(summary["models"][(method.display, 0)], simulated[method.display], byzantine) == 0.0
+
+
+def test_failing_nodes_are_counted_per_node_and_fail_the_command(plugin_dir: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """One honest and one Byzantine node that raise at every request: the command
+    warns once per node at its first failure, still writes its outputs, exits 1,
+    prints each node, and summary.json counts each node's failures (one gradient
+    request a round in Global) with the node's error."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
+    from robust_pfl.cli import main
+    from robust_pfl.config import parse_config
+    from robust_pfl.experiments import build_task
+
+    data = copy.deepcopy(SMALL) | {"rounds": 2, "eval_every": 1}
+    data["methods"] = data["methods"][:1]
+    byzantine = build_task(parse_config(copy.deepcopy(data)), 0).byzantine
+    honest_client, byzantine_client = 0, int(byzantine.nonzero()[0][0])
+    (plugin_dir / "breaker.py").write_text(BREAKER.format(clients={honest_client, byzantine_client}))
+    (plugin_dir / "run.toml").write_text(_toml(data | {"plugins": ["breaker.py"]}))
+
+    with pytest.warns(RuntimeWarning, match="the node of client") as warned:
+        assert main(["flower", str(plugin_dir / "run.toml"), "--out", str(plugin_dir / "out")]) == 1
+    firsts = [str(w.message) for w in warned if "the node of client" in str(w.message)]
+    assert len(firsts) == 2 and all(m.startswith("round 0:") for m in firsts)
+    written = json.loads((plugin_dir / "out" / "summary.json").read_text())
+    failures = {entry["client"]: entry for entry in written["node_failures"]}
+    assert set(failures) == {honest_client, byzantine_client}
+    for client, entry in failures.items():
+        assert entry["byzantine"] == bool(byzantine[client])
+        assert entry["run"] == "global+median seed=0" and entry["count"] == 2 and entry["first_round"] == 0
+        assert entry["first_message"] == f"ValueError: the node of client {client} is broken"
+    err = capsys.readouterr().err
+    assert f"client {honest_client} (honest" in err and f"client {byzantine_client} (Byzantine" in err
+
+
+def test_a_byzantine_node_failure_alone_is_reported_as_an_attack_not_applied() -> None:
+    """Only a Byzantine node failed: the report is not empty (the command exits 1) and
+    says the configured attack was not applied; honest nodes are not blamed."""
+    from robust_pfl.flower import failure_report
+
+    entry = {"run": "fc seed=0", "client": 9, "node": 7, "byzantine": True, "count": 3, "first_round": 0,
+             "first_message": "ValueError: x"}
+    report = "\n".join(failure_report([entry], "large_gradient"))
+    assert "client 9 (Byzantine" in report and "did not apply the config's attack" in report
+    assert "honest nodes failed" not in report
+    assert failure_report([], "large_gradient") == []
+
+
+def test_run_takes_the_flower_quickstart_file_without_flwr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``robust-pfl run`` accepts the ``[flower]`` table of the Flower quick start
+    (validated, then ignored: it changes no cell key) with flwr unimportable, and
+    refuses a bad one naming its field."""
+    from robust_pfl.cli import main
+    from robust_pfl.config import load_config
+    from robust_pfl.grid_file import cell_key
+
+    monkeypatch.setitem(sys.modules, "flwr", None)  # import flwr now raises ImportError
+    text = (Path(__file__).parents[1] / "configs" / "flower_quickstart.toml").read_text()
+    short = text.replace("rounds = 40", "rounds = 1").replace("eval_every = 10", "eval_every = 1")
+    assert short != text
+    (tmp_path / "quick.toml").write_text(short)
+    assert main(["run", str(tmp_path / "quick.toml"), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "summary.json").exists()
+
+    config = load_config(tmp_path / "quick.toml")
+    assert config.flower is not None and config.flower.nodes == 10
+    table = short[short.index("\n[flower]\n"):short.index("\n[[methods]]\n")]
+    (tmp_path / "plain.toml").write_text(short.replace(table, ""))
+    assert cell_key(load_config(tmp_path / "plain.toml")) == cell_key(config)
+
+    (tmp_path / "bad.toml").write_text(short.replace("cpus_per_node = 1.0", "cpus_per_node = 0.0"))
+    with pytest.raises(ConfigError, match=r"flower\.cpus_per_node: must be a number > 0"):
+        load_config(tmp_path / "bad.toml")
