@@ -38,7 +38,9 @@ def pages() -> list[Path]:
 
 
 def named_cpu(line: str) -> str | None:
-    return next((cpu for cpu in KNOWN_CPUS if cpu in line), None)
+    """The CPU a provenance line names first (a later mention is a comparison)."""
+    found = [(line.index(cpu), cpu) for cpu in KNOWN_CPUS if cpu in line]
+    return min(found)[1] if found else None
 
 
 def on_named_cpu(line: str) -> bool:
@@ -246,3 +248,28 @@ def test_the_theory_report_names_its_command_commit_and_cpu(tmp_path: Path):
     assert lines[0].startswith("# Theory checks")
     assert lines[1].startswith(PROVENANCE_PREFIX + "robust-pfl theory report --quick --only lemma7 --out ")
     assert machine_text().split(",")[0] in lines[1]
+
+
+def page_origin(page: Path) -> tuple[str, str | None]:
+    """The commit (7 digits) and CPU a page's provenance line names."""
+    text = page.read_text(encoding="utf-8")
+    lines = generated_part(text).splitlines() if BEGIN in text else text.splitlines()
+    line = next(line for line in lines if line.startswith(PROVENANCE_PREFIX))
+    return re.search(r"at commit `([0-9a-f]{7})", line).group(1), named_cpu(line)
+
+
+def test_the_results_overview_names_each_pages_commit_and_cpu():
+    """The overview's page table says where each page came from, as the pages do."""
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("| page | what it reports | produced at"):]
+    rows = [line for line in table[:table.index("\n\n")].splitlines() if line.startswith("| [")]
+    assert rows
+    listed = set()
+    for row in rows:
+        pages_cell, _, origin = row.strip("|").split(" | ")
+        linked = [RESULTS / name for name in re.findall(r"\]\(([\w./]+\.md)\)", pages_cell)]
+        origins = [page_origin(page) for page in linked]
+        assert set(re.findall(r"`([0-9a-f]{7})`", origin)) == {commit for commit, _ in origins}, row
+        assert {cpu for cpu in KNOWN_CPUS if cpu in origin} == {cpu for _, cpu in origins}, row
+        listed.update(linked)
+    assert listed == set(pages())
