@@ -55,7 +55,8 @@ import torch  # noqa: E402
 
 import bench_rounds as rounds  # noqa: E402  (puts the repository root on sys.path)
 import defenses  # noqa: E402
-from robust_pfl.engine.devices import resolve_device  # noqa: E402
+from robust_pfl.engine.devices import resolve_device, using_engine  # noqa: E402
+from robust_pfl.engine.launches import count_launches  # noqa: E402
 
 # -- the workload ---------------------------------------------------------------------------
 
@@ -537,7 +538,7 @@ def time_steps(
 
 def run_config(
     config: Config, rates: Rates | CudaRates, quick: bool,
-    device: torch.device = torch.device("cpu"), steps: int | None = None,
+    device: torch.device = torch.device("cpu"), steps: int | None = None, count: bool = True,
 ) -> dict[str, Any]:
     load = rounds.load_average()
     memory = PeakMemory(device)
@@ -552,6 +553,7 @@ def run_config(
     memory.mark()
     rates.sample()
     measured = rates.since(first)
+    launches = count_step(algorithm, len(timing["warmup_times"]) + len(timing["step_times"])) if count else None
     work = step_work(config, fed, algorithm)
     grad_flops = rounds.gradient_flops(net, fed.batch_size)
     floor = floor_seconds(work, measured, fed.clients, net.dim, grad_flops, forward_flops(net))
@@ -559,7 +561,21 @@ def run_config(
         **asdict(config), "clients": fed.clients, "device": str(device), **timing, **floor,
         "ratio": timing["seconds"] / floor["floor_s"], "work": asdict(work), "rates": measured,
         **memory.report(), **card(device), "load_before": load, "load_after": rounds.load_average(),
+        "launches": launches,
     }
+
+
+def count_step(algorithm: Any, round_index: int) -> dict[str, Any]:
+    """One more step counted by :class:`~robust_pfl.engine.launches.LaunchCounter` on the
+    accelerator's code paths (``using_engine("batched")``, whatever the device): its
+    operators that launch a kernel on a GPU, its host synchronisations and the bytes
+    they move (a model: every operand whole; ``robust_pfl/engine/launches.py``).  On
+    the CPU the memory budget stays the CPU's, so an engine that chunks by it counts
+    the chunks a CPU run makes."""
+    with using_engine("batched"):
+        _, count = count_launches(lambda: algorithm.step(round_index))
+    return {"kernels": count.kernels, "syncs": count.syncs, "views": count.views, "gigabytes": count.bytes / 1e9,
+            "top": count.top(8)}
 
 
 def time_aggregator(
@@ -619,7 +635,8 @@ def run_worker(spec: dict[str, Any]) -> None:
     if "aggregator_alone" in spec:
         result = time_aggregator(spec["aggregator_alone"], rates, device=device)
     else:
-        result = run_config(Config(**spec["config"]), rates, spec["quick"], device, spec.get("steps"))
+        result = run_config(Config(**spec["config"]), rates, spec["quick"], device, spec.get("steps"),
+                            spec.get("count", True))
     print("RESULT " + json.dumps(result), flush=True)
 
 
@@ -756,27 +773,28 @@ def format_tables(
     blocks = []
     if regular or not large:
         lines = [
-            f"| method | scale | s/step | floor s | ratio | ≤{targets['step_ratio']:g}x | GF/s | load |{memory_head}",
-            f"|---|---|---:|---:|---:|---|---:|---:|{memory_rule}",
+            f"| method | scale | s/step | floor s | ratio | ≤{targets['step_ratio']:g}x | kernels | syncs | GF/s | load |"
+            f"{memory_head}",
+            f"|---|---|---:|---:|---:|---|---:|---:|---:|---:|{memory_rule}",
         ]
         for r in regular:
             lines.append(
                 f"| {r['label']} | {r['scale']} | {r['seconds']:.4g} | {r['floor_s']:.3g} | {r['ratio']:.1f} | "
-                f"{yes(r['ratio'] <= targets['step_ratio'])} | {r['rates']['gemm'] / 1e9:.0f} | "
+                f"{yes(r['ratio'] <= targets['step_ratio'])} | {launch_cells(r)} | {r['rates']['gemm'] / 1e9:.0f} | "
                 f"{r['load_before']:.2f} |{memory(r)}"
             )
         blocks.append(lines)
     if large:
         lines = [
-            "| scale row | N | s/step | floor s | ratio | target s | met | GF/s | GPU GiB | RSS GiB |",
-            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+            "| scale row | N | s/step | floor s | ratio | target s | met | kernels | syncs | GF/s | GPU GiB | RSS GiB |",
+            "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
         ]
         for r in large:
             limit = targets.get(target_key(r["label"], r["scale"], r["clients"]))
             lines.append(
                 f"| {r['label']} | {r['clients']} | {r['seconds']:.4g} | {r['floor_s']:.3g} | {r['ratio']:.1f} | "
                 f"{'–' if limit is None else f'{limit:g}'} | "
-                f"{'–' if limit is None else yes(r['seconds'] <= limit)} | "
+                f"{'–' if limit is None else yes(r['seconds'] <= limit)} | {launch_cells(r)} | "
                 f"{r['rates']['gemm'] / 1e9:.0f} | {gib(r, 'peak_device_gib')} | {gib(r, 'peak_rss_gib')} |"
             )
         blocks.append(lines)
@@ -799,6 +817,12 @@ def format_tables(
             lines.append(f"| {t['target']} | {t['measured']:.3g} | {t['limit']:g} | {yes(t['met'])} |")
         blocks.append(lines)
     return "\n\n".join("\n".join(lines) for lines in blocks)
+
+
+def launch_cells(row: dict[str, Any]) -> str:
+    """A row's ``kernels | syncs`` cells (``– | –`` when its step was not counted)."""
+    launches = row.get("launches")
+    return "– | –" if not launches else f"{launches['kernels']} | {launches['syncs']}"
 
 
 def write_json(path: Path, report: dict[str, Any]) -> None:
@@ -853,6 +877,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, 
     parser.add_argument("--scale-clients", type=int, default=None,
                         help="N of every scale row instead (a smoke test's size, e.g. 40)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per configuration (default: adaptive)")
+    parser.add_argument("--no-launch-count", action="store_true",
+                        help="skip the extra step counted for kernels and host syncs")
     parser.add_argument("--time-limit", type=float, default=None,
                         help="seconds after which the configurations not yet run are skipped (one still "
                         "running is stopped); the JSON lists them")
@@ -989,7 +1015,8 @@ def main(argv: list[str] | None = None) -> int:
         setup = result
         return f"{result['seconds']:.3g} s"
 
-    common = {"quick": args.quick, "threads": args.threads, "device": str(device), "steps": args.steps}
+    common = {"quick": args.quick, "threads": args.threads, "device": str(device), "steps": args.steps,
+              "count": not args.no_launch_count}
     indices = {id(config): index for index, config in enumerate(plan)}
     # On a GPU (where a time limit may cut the run) the configurations with a target go first.
     for config in by_priority(plan, targets) if cuda else plan:

@@ -14,6 +14,7 @@ from torch import Tensor
 from robust_pfl.engine.rows import euclidean_distances
 from defenses.radius import RadiusPolicy
 from defenses.row_reads import scratch
+from robust_pfl.engine.devices import engine
 
 # Widening of the distance intervals for rounding, in units of the dtype's epsilon
 # times ``sqrt(d) (||z_j||^2 + ||v||^2)``: the rounding error of a length-d inner
@@ -125,6 +126,8 @@ def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], row
         return euclidean_distances(centres, z)
     k, dim = centres.shape[1:]
     out = z.new_full((z.shape[0], k, z.shape[1]), math.inf)
+    if problems.numel() == 1:
+        return _one_problem_distances(z, centres, rows, problems, out)
     position = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
     position[problems] = torch.arange(problems.numel(), device=z.device)
     problem, row = rows.nonzero().unbind(-1)
@@ -139,6 +142,27 @@ def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], row
         around = torch.index_select(flat_centres, 0, position[p], out=centre_buffer[: p.numel()])
         distances = euclidean_distances(around.view(-1, k, dim), picked.unsqueeze(1))
         out[p, :, r] = distances.squeeze(-1)
+    return out
+
+
+def _one_problem_distances(z: Tensor, centres: Tensor, rows: Tensor, problems: Tensor, out: Tensor) -> Tensor:
+    """:func:`_coordinate_distances` when every chosen row belongs to one problem (MC's
+    and FC-with-one-receiver's clusterings): the rows, gathered in blocks, are compared
+    with that problem's ``K`` centres directly, so no centre is copied per row (the
+    general path copies ``K d`` values per chosen row, several times the rows
+    themselves).  Each distance is computed by the same difference formula on the same
+    two rows, so the values are those of the general path, bit for bit."""
+    problem = int(problems[0])
+    (chosen,) = rows[problem].nonzero(as_tuple=True)
+    k, dim = centres.shape[1:]
+    block = min(chosen.numel(), max(1, _COORDINATE_BLOCK_BYTES // max(1, dim * z.element_size())))
+    if engine(z.device) == "batched":
+        block = chosen.numel()  # one gather and one product: an accelerator is launch-bound
+    row_buffer = scratch("tie-rows", (block, dim), z)
+    for start in range(0, chosen.numel(), block):
+        part = chosen[start : start + block]
+        picked = torch.index_select(z[problem], 0, part, out=row_buffer[: part.numel()])
+        out[problem][:, part] = euclidean_distances(centres[0], picked)
     return out
 
 

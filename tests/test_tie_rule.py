@@ -66,3 +66,31 @@ def test_the_three_evaluations_agree_on_ties_made_in_exact_arithmetic(problem):
                for method in METHODS}
     for method in ("gram", "pairwise"):
         assert torch.equal(results[method].inside, results["direct"].inside), method
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.integers(1, 4), st.sampled_from(["blocked", "batched"]))
+def test_one_problem_tie_reads_equal_the_general_path_bit_for_bit(seed, points, centres, engine_kind):
+    """The tie rule's coordinate distances of one problem's rows (MC, FC with one
+    receiver per call) are computed without per-row centre copies; each must be the
+    general path's value exactly (the same difference formula on the same rows), and
+    every row not chosen stays at infinity."""
+    from defenses.ball_membership import _coordinate_distances
+    from robust_pfl.engine.devices import using_engine
+
+    generator = torch.Generator().manual_seed(seed)
+    z = torch.randn(2, points, 33, generator=generator)
+    z[:, : points // 3] *= 1e6  # far rows, as under large gradients
+    centre_rows = torch.randn(2, centres, 33, generator=generator)
+    rows = torch.rand(2, points, generator=generator) < 0.5
+    rows[0, 0] = True
+    one = rows.clone()
+    one[1] = False  # only problem 0 has chosen rows: the one-problem path
+    both = rows.clone()
+    both[1, 0] = True  # problem 1 too: the general path
+    with using_engine(engine_kind):
+        single = _coordinate_distances(z, lambda problems: centre_rows[problems], one)
+        general = _coordinate_distances(z, lambda problems: centre_rows[problems], both)
+    chosen = one[0]
+    assert torch.equal(single[0][:, chosen], general[0][:, chosen])
+    assert torch.isinf(single[0][:, ~chosen]).all() and torch.isinf(single[1]).all()

@@ -91,6 +91,7 @@ class Federation:
         self._batch_rng = make_generator(self.seed, "batches", self.device)
         self._attack_rng = make_generator(self.seed, "attack", self.device)
         self._batch_buffer: Batch | None = None
+        self._host_mask: tuple[Tensor, int, MaskFacts] | None = None
 
     def redeal(self, train: ClientData) -> None:
         """Replace every client's training data (same shapes), e.g. the official code's
@@ -152,6 +153,20 @@ class Federation:
         return ~self.byzantine
 
     @property
+    def byzantine_facts(self) -> "MaskFacts":
+        """Facts of the Byzantine mask (is any client Byzantine, is every one, are the
+        Byzantine rows one block), read once per mask on the host: the engines ask them
+        every round, and reading them from a device tensor would make the host wait for
+        the device each time (issue 45: no host synchronisation in a step).  A mask
+        replaced or changed in place is read afresh."""
+        mask = self.byzantine
+        cached = self._host_mask
+        if cached is None or cached[0] is not mask or cached[1] != mask._version:
+            cached = (mask, mask._version, MaskFacts.of(mask))
+            self._host_mask = cached
+        return cached[2]
+
+    @property
     def byzantine_rows_read(self) -> bool:
         """Whether the honest values of Byzantine senders' messages can matter: with no
         attack they are sent as they are; an attack that declares
@@ -159,7 +174,7 @@ class Federation:
         ``reads_own_rows = False`` reads only the honest senders' rows, so an engine may
         skip computing them (not when no client is honest: the attack's reference rows
         are then its own)."""
-        if self.attack is None or not bool(self.honest.any()):
+        if self.attack is None or self.byzantine_facts.every:
             return True
         return attack_reads_own_rows(self.attack)
 
@@ -222,7 +237,7 @@ class Federation:
         rows unread (:attr:`byzantine_rows_read` is false) and they form one block of
         rows, only the honest rows are computed and the Byzantine rows of ``out`` are
         left as they are."""
-        span = None if not skip_unread or out is None or self.byzantine_rows_read else _block_span(self.byzantine)
+        span = None if not skip_unread or out is None or self.byzantine_rows_read else self.byzantine_facts.span
         samples = batch.inputs.shape[1]
         if span is None:
             self.sample_gradients += params.shape[0] * samples
@@ -287,6 +302,8 @@ class Federation:
         Messages of kind ``"loss"`` (reported losses) are replaced only by an attack
         that forges losses (:func:`~robust_pfl.engine.types.attack_forges_losses`)."""
         byzantine = self.byzantine if senders is None else self.byzantine[senders]
+        # the whole federation's mask: its facts are known on the host (no sync)
+        facts = self.byzantine_facts if senders is None else MaskFacts.of(byzantine)
         if needed is not None:
             if not byzantine_only:
                 raise ValueError("needed selects Byzantine rows: it needs byzantine_only=True")
@@ -295,7 +312,7 @@ class Federation:
                 raise ValueError(f"needed must be shaped {expected} (the messages' leading dims, then one "
                                  f"entry per Byzantine sender); got {tuple(needed.shape)}")
         cluster_ids = self.cluster_ids if senders is None else self.cluster_ids[senders]
-        untouched = self.attack is None or not bool(byzantine.any())
+        untouched = self.attack is None or not facts.some
         if not untouched and kind == "loss":
             untouched = not attack_forges_losses(self.attack)
         if untouched:
@@ -319,7 +336,7 @@ class Federation:
             rows = messages.new_empty(*messages.shape[:-2], int(byzantine.sum()), messages.shape[-1])
             writer(messages, rows, context)
             return _picked(rows, needed)
-        span = None if writer is None else _block_span(byzantine)
+        span = None if writer is None else facts.span
         if span is not None:
             # the Byzantine rows are one block and the attack never reads them: it
             # writes straight into the delivered tensor (no fresh rows, no scatter)
@@ -383,11 +400,24 @@ def _row_writer(attack: AttackBase) -> Callable[[Tensor, Tensor, AttackContext],
     return None if attack_reads_own_rows(attack) else attack.write_from
 
 
-def _block_span(mask: Tensor) -> tuple[int, int] | None:
-    """``(start, stop)`` when the set rows of ``mask`` are one non-empty contiguous
-    block, else ``None``."""
-    positions = mask.nonzero().squeeze(-1)
-    if positions.numel() == 0:
-        return None
-    start, stop = int(positions[0]), int(positions[-1]) + 1
-    return (start, stop) if stop - start == positions.numel() else None
+@dataclass(frozen=True)
+class MaskFacts:
+    """What the engines ask of a client mask, read on the host: whether any entry is
+    set (``some``), whether every one is (``every``), and ``span``: ``(start, stop)``
+    when the set entries are one non-empty contiguous block, else ``None``."""
+
+    some: bool
+    every: bool
+    span: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, mask: Tensor) -> "MaskFacts":
+        """The facts of ``mask[N]`` (three host reads of a device mask: its set
+        positions, the first and the last)."""
+        positions = mask.nonzero().squeeze(-1)
+        count = positions.numel()
+        span = None
+        if count:
+            start, stop = int(positions[0]), int(positions[-1]) + 1
+            span = (start, stop) if stop - start == count else None
+        return cls(count > 0, count == mask.numel(), span)
