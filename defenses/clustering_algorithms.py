@@ -155,7 +155,7 @@ class FederatedClustering(Algorithm):
         self.optimizer = HeavyBall(params.lr, params.heavy_ball, self.models)
         self.policy = params.radius_policy()
         self._groups_rng = federation.rng("fc-groups")
-        self._buffer: Tensor | None = None
+        self._buffers: dict[int, Tensor] = {}
         # [N, d] own gradients and updates, reused every round (fresh ones page-fault)
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
@@ -164,10 +164,12 @@ class FederatedClustering(Algorithm):
         """A checkpoint leaves out the round's scratch (the cross-gradient workspace, up
         to ``memory_budget_mb``, and the ``[N, d]`` own-gradient and update buffers):
         each is overwritten before it is read."""
-        return {**self.__dict__, "_buffer": None, "_own": None, "_updates": None}
+        return {**self.__dict__, "_buffers": {}, "_own": None, "_updates": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.__dict__.pop("_buffer", None)  # a checkpoint of a version with one workspace
+        self._buffers = {}
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
 
@@ -215,11 +217,23 @@ class FederatedClustering(Algorithm):
 
         return client_gradient
 
-    def _workspace(self, rows: int, senders: int) -> Tensor:
+    def _workspace(self, rows: int, senders: int, slot: int = 0) -> Tensor:
+        """A reused ``[rows, senders, d]`` cross-gradient workspace; ``slot`` keeps
+        apart the workspaces of groups whose clusterings wait together (:class:`_Pending`)."""
         shape = (rows, senders, self.models.shape[1])
-        if self._buffer is None or self._buffer.numel() < rows * senders * shape[2]:
-            self._buffer = self.models.new_empty(shape)
-        return self._buffer.view(-1)[: rows * senders * shape[2]].view(shape)
+        buffers = self._buffers
+        if slot not in buffers or buffers[slot].numel() < rows * senders * shape[2]:
+            buffers[slot] = self.models.new_empty(shape)
+        return buffers[slot].view(-1)[: rows * senders * shape[2]].view(shape)
+
+    def _rows_by_size(self, groups: list[tuple[Tensor, int, Tensor]], row_bytes: int) -> dict[int, int]:
+        """Per group size, the workspace rows :class:`_Pending` gathers before it
+        clusters: the receivers of all groups of that size, at most the budget's."""
+        receivers: dict[int, int] = {}
+        for members, _, group_receivers in groups:
+            receivers[members.numel()] = receivers.get(members.numel(), 0) + group_receivers.numel()
+        budget = self.budget_mb << 20
+        return {size: max(1, min(count, budget // (row_bytes * size))) for size, count in receivers.items()}
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
@@ -228,17 +242,21 @@ class FederatedClustering(Algorithm):
         updates, own = self._updates.zero_(), self._own.zero_()
         row_bytes = 2 * d * self.models.element_size()
         client_gradient = self._client_gradients(batch)
+        groups = []
         for members in self._subgroups():
             # Honest senders first: when the attack overwrites the Byzantine rows unread,
             # only the leading honest block is computed (Threshold-Clustering does not
             # depend on the order of its points).
             members = fed.honest_first(members)
             computed = members.numel() if fed.byzantine_rows_read else int((~fed.byzantine[members]).sum())
-            group_batch = batch.select(members[:computed])
             receivers = (fed.honest[members]).nonzero().squeeze(-1)  # positions in group
+            groups.append((members, computed, receivers))
+        pending = _Pending(self, updates, engine(fed.device) == "batched", self._rows_by_size(groups, row_bytes))
+        for members, computed, receivers in groups:
+            group_batch = batch.select(members[:computed])
             for chunk in fed.chunks(receivers, row_bytes * members.numel(), self.budget_mb << 20):
                 clients = members[chunk]
-                grads = self._workspace(chunk.numel(), members.numel())
+                grads = pending.workspace(chunk.numel(), members.numel())
                 fed.cross_gradients(self.models[clients], group_batch, out=grads[:, :computed])
                 rows = torch.arange(chunk.numel(), device=grads.device)
                 start = grads[rows, chunk]  # g_i(x_i), the initial centre (a copy)
@@ -263,7 +281,8 @@ class FederatedClustering(Algorithm):
                     senders=members,
                     inplace=True,
                 )
-                updates[clients] = self._cluster(received, starts).centres[:, 0]
+                pending.add(clients, starts, received)
+        pending.flush()
         # Every row is stepped: a row that received nothing (a Byzantine client's, whose
         # model is never read) has a zero update and keeps its parameters exactly; the
         # whole-tensor step reuses its scratch instead of gathering the honest rows.
@@ -272,6 +291,66 @@ class FederatedClustering(Algorithm):
 
     def client_models(self) -> Tensor:
         return self.models
+
+
+class _Pending:
+    """FC's clusterings of one round, run as its chunks are delivered (the CPU's
+    blocked engine: one chunk's workspace reused, cache-sized work) or, on an
+    accelerator (``together``), gathered across groups: every chunk of one group size
+    is written into that size's workspace, and all of them are clustered in one
+    batched call when it fills or the round ends.  With 16 groups that is one or two
+    Threshold-Clustering calls a round instead of sixteen, each a few hundred small
+    kernels (issue 45).  The problems are independent, so the centres are those of
+    separate calls; the deliveries (and the attack's draws) keep their order."""
+
+    def __init__(self, algorithm: FederatedClustering, updates: Tensor, together: bool,
+                 rows_by_size: dict[int, int]) -> None:
+        """``rows_by_size``: per group size, how many workspace rows its chunks may
+        fill before they are clustered (the budget's rows, at most the round's
+        receivers in groups of that size)."""
+        self.algorithm, self.updates, self.together = algorithm, updates, together
+        self.rows_by_size = rows_by_size
+        # by group size: the workspace, its rows used, the waiting chunks' clients and starts
+        self.waiting: dict[int, tuple[Tensor, int, list[Tensor], list[Tensor]]] = {}
+
+    def workspace(self, rows: int, senders: int) -> Tensor:
+        """The ``[rows, senders, d]`` block a chunk's cross gradients go to (a full
+        workspace is clustered first)."""
+        if not self.together:
+            return self.algorithm._workspace(rows, senders)
+        slot = sorted(self.rows_by_size).index(senders)
+        if senders not in self.waiting:
+            self.waiting[senders] = (self.algorithm._workspace(self.rows_by_size[senders], senders, slot), 0, [], [])
+        workspace, used, _, _ = self.waiting[senders]
+        if used + rows > workspace.shape[0]:
+            self._cluster(senders)
+            used = 0
+        if rows > workspace.shape[0]:  # a chunk larger than the planned rows: room for it alone
+            workspace = self.algorithm._workspace(rows, senders, slot)
+            self.waiting[senders] = (workspace, 0, [], [])
+        return workspace[used : used + rows]
+
+    def add(self, clients: Tensor, starts: Tensor, received: Tensor) -> None:
+        """A delivered chunk: ``received[M, S, d]`` (its workspace block) for the
+        receivers ``clients[M]``, each centre starting at row ``starts[M, 1]``."""
+        if not self.together:
+            self.updates[clients] = self.algorithm._cluster(received, starts).centres[:, 0]
+            return
+        workspace, used, waiting_clients, waiting_starts = self.waiting[received.shape[1]]
+        self.waiting[received.shape[1]] = (
+            workspace, used + clients.numel(), [*waiting_clients, clients], [*waiting_starts, starts]
+        )
+
+    def flush(self) -> None:
+        for senders in list(self.waiting):
+            self._cluster(senders)
+
+    def _cluster(self, senders: int) -> None:
+        workspace, used, clients, starts = self.waiting[senders]
+        if used:
+            centres = self.algorithm._cluster(workspace[:used], torch.cat(starts)).centres[:, 0]
+            self.updates[torch.cat(clients)] = centres
+        self.waiting[senders] = (workspace, 0, [], [])
 
 
 class CentreClusteringParams(ClusteringParams):

@@ -197,6 +197,7 @@ ALGORITHMS = {
     "fc": {"method": "gram"},
     "fc pairwise": {"method": "pairwise"},
     "fc groups": {"groups": 2, "method": "gram"},
+    "fc uneven groups": {"groups": 5, "method": "pairwise"},  # sizes 3, 3, 2, 2, 2
     "mc": {"method": "gram"},
     "myopic": {"method": "pairwise"},
     "pdl_tc": {"method": "gram"},
@@ -227,3 +228,28 @@ def test_algorithms_agree_across_engines(case, attack):
     honest = torch.arange(CLIENTS) < CLIENTS - BYZANTINE
     assert torch.isfinite(batched[honest]).all()
     assert close(blocked[honest], batched[honest], rtol=1e-9)
+
+
+@pytest.mark.parametrize("attack", [None, "large_gradient"])
+def test_fc_groups_clustered_together_equal_groups_clustered_alone(attack, monkeypatch):
+    """On the batched engine FC clusters the chunks of every group of one size in one
+    call (``_Pending``); with room for one receiver per call instead (a flush after
+    every chunk), the models are the same: the problems are independent."""
+    from defenses.clustering_algorithms import FederatedClustering
+
+    options = {"lr": 0.05, "groups": 5, "method": "pairwise", "radius": {"policy": "quantile", "q": 0.5}}
+
+    def run():
+        algorithm = defenses.build("fc", mlp_federation(attack), options)
+        with using_engine("batched"):
+            for round_index in range(3):
+                algorithm.step(round_index)
+        return algorithm.client_models()
+
+    together = run()
+    monkeypatch.setattr(FederatedClustering, "_rows_by_size",
+                        lambda self, groups, row_bytes: {members.numel(): 1 for members, _, _ in groups})
+    alone = run()
+    honest = torch.arange(CLIENTS) < CLIENTS - BYZANTINE
+    assert torch.isfinite(together[honest]).all()
+    assert close(together[honest], alone[honest], rtol=1e-9)
