@@ -231,3 +231,30 @@ def test_two_cell_grid_on_the_device(device, tmp_path):
     frame = read_results(tmp_path / "out")
     assert set(frame["status"]) == {"ok"} and frame["cell"].nunique() == 2
     assert run_grid(grid, tmp_path / "out")["skipped"] == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("label", ["ifca", "mc", "fc g=16"])
+def test_launches_counted_on_the_cpu_are_the_devices(label, device):
+    """The launch counts the CI bounds (tests/test_launch_counts.py) are counted on the
+    CPU with the batched engine; on the card the same step dispatches the same
+    operators, up to the few device-specific branches (the CPU draws large blocks of
+    noise in parts), within 5%."""
+    from robust_pfl.engine.devices import using_engine
+    from robust_pfl.engine.launches import count_launches
+    from test_launch_counts import METHODS as COUNTED, _federation, step_count
+
+    name, options = COUNTED[label]
+    federation = _federation(64)
+    on_device = Federation(federation.objective, federation.train, federation.cluster_ids, federation.byzantine,
+                           0, federation.batch_size, federation.attack, device=torch.device(device),
+                           num_classes=federation.num_classes)
+    algorithm = defenses.build(name, on_device, options)
+    algorithm.snapshot_records = False
+    with using_engine("batched"):
+        algorithm.step(0)
+        algorithm.step(1)
+        _, count = count_launches(lambda: algorithm.step(2))
+    reference = step_count(label, 64)
+    assert abs(count.kernels - reference.kernels) <= 0.05 * reference.kernels
+    assert abs(count.syncs - reference.syncs) <= 0.05 * reference.syncs + 2
