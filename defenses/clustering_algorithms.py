@@ -228,12 +228,13 @@ class FederatedClustering(Algorithm):
 
     def _rows_by_size(self, groups: list[tuple[Tensor, int, Tensor]], row_bytes: int) -> dict[int, int]:
         """Per group size, the workspace rows :class:`_Pending` gathers before it
-        clusters: the receivers of all groups of that size, at most the budget's."""
+        clusters: the receivers of all groups of that size, at most what an equal
+        share of the budget holds (the workspaces of all sizes wait at once)."""
         receivers: dict[int, int] = {}
         for members, _, group_receivers in groups:
             receivers[members.numel()] = receivers.get(members.numel(), 0) + group_receivers.numel()
-        budget = self.budget_mb << 20
-        return {size: max(1, min(count, budget // (row_bytes * size))) for size, count in receivers.items()}
+        share = (self.budget_mb << 20) // max(1, len(receivers))
+        return {size: max(1, min(count, share // (row_bytes * size))) for size, count in receivers.items()}
 
     def step(self, round_index: int) -> RoundRecord:
         fed = self.federation
