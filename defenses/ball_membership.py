@@ -113,6 +113,10 @@ def read_ties(
 
 # Bytes of centre copies per block of rows in ``_coordinate_distances``.
 _COORDINATE_BLOCK_BYTES = 64 << 20
+# Up to how many problems the blocked engine compares each problem's chosen rows with
+# its own centres (a loop over problems) rather than gathering centre copies per row:
+# FC's chunks of receivers on the CPU hold one to three problems of hundreds of rows.
+_FEW_PROBLEMS = 4
 
 
 def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], rows: Tensor) -> Tensor:
@@ -126,8 +130,8 @@ def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], row
         return euclidean_distances(centres, z)
     k, dim = centres.shape[1:]
     out = z.new_full((z.shape[0], k, z.shape[1]), math.inf)
-    if problems.numel() == 1:
-        return _one_problem_distances(z, centres, rows, problems, out)
+    if problems.numel() <= (1 if engine(z.device) == "batched" else _FEW_PROBLEMS):
+        return _few_problem_distances(z, centres, rows, problems, out)
     position = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
     position[problems] = torch.arange(problems.numel(), device=z.device)
     problem, row = rows.nonzero().unbind(-1)
@@ -145,24 +149,24 @@ def _coordinate_distances(z: Tensor, centres_of: Callable[[Tensor], Tensor], row
     return out
 
 
-def _one_problem_distances(z: Tensor, centres: Tensor, rows: Tensor, problems: Tensor, out: Tensor) -> Tensor:
-    """:func:`_coordinate_distances` when every chosen row belongs to one problem (MC's
-    and FC-with-one-receiver's clusterings): the rows, gathered in blocks, are compared
-    with that problem's ``K`` centres directly, so no centre is copied per row (the
-    general path copies ``K d`` values per chosen row, several times the rows
-    themselves).  Each distance is computed by the same difference formula on the same
-    two rows, so the values are those of the general path, bit for bit."""
-    problem = int(problems[0])
-    (chosen,) = rows[problem].nonzero(as_tuple=True)
+def _few_problem_distances(z: Tensor, centres: Tensor, rows: Tensor, problems: Tensor, out: Tensor) -> Tensor:
+    """:func:`_coordinate_distances` when the chosen rows belong to few problems (MC's
+    clustering, FC's chunks of one to three receivers on the CPU): each problem's rows,
+    gathered in blocks, are compared with its ``K`` centres directly, so no centre is
+    copied per row (the general path copies ``K d`` values per chosen row, as many as
+    the rows themselves or more).  A loop over problems, not clients.  Each distance is
+    computed by the same difference formula on the same two rows, so the values are
+    those of the general path, bit for bit."""
     k, dim = centres.shape[1:]
-    block = min(chosen.numel(), max(1, _COORDINATE_BLOCK_BYTES // max(1, dim * z.element_size())))
-    if engine(z.device) == "batched":
-        block = chosen.numel()  # one gather and one product: an accelerator is launch-bound
-    row_buffer = scratch("tie-rows", (block, dim), z)
-    for start in range(0, chosen.numel(), block):
-        part = chosen[start : start + block]
-        picked = torch.index_select(z[problem], 0, part, out=row_buffer[: part.numel()])
-        out[problem][:, part] = euclidean_distances(centres[0], picked)
+    budget = max(1, _COORDINATE_BLOCK_BYTES // max(1, dim * z.element_size()))
+    for position, problem in enumerate(problems.tolist()):
+        (chosen,) = rows[problem].nonzero(as_tuple=True)
+        block = chosen.numel() if engine(z.device) == "batched" else min(chosen.numel(), budget)
+        row_buffer = scratch("tie-rows", (block, dim), z)  # one gather and product on an accelerator
+        for start in range(0, chosen.numel(), block):
+            part = chosen[start : start + block]
+            picked = torch.index_select(z[problem], 0, part, out=row_buffer[: part.numel()])
+            out[problem][:, part] = euclidean_distances(centres[position], picked)
     return out
 
 

@@ -69,28 +69,28 @@ def test_the_three_evaluations_agree_on_ties_made_in_exact_arithmetic(problem):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.integers(1, 4), st.sampled_from(["blocked", "batched"]))
-def test_one_problem_tie_reads_equal_the_general_path_bit_for_bit(seed, points, centres, engine_kind):
-    """The tie rule's coordinate distances of one problem's rows (MC, FC with one
-    receiver per call) are computed without per-row centre copies; each must be the
+@given(st.integers(0, 2**31 - 1), st.integers(2, 40), st.integers(1, 4), st.integers(1, 3),
+       st.sampled_from(["blocked", "batched"]))
+def test_few_problem_tie_reads_equal_the_general_path_bit_for_bit(seed, points, centres, few, engine_kind):
+    """The tie rule's coordinate distances of few problems' rows (MC, FC's chunks of a
+    few receivers) are computed without per-row centre copies; each must be the
     general path's value exactly (the same difference formula on the same rows), and
-    every row not chosen stays at infinity."""
-    from defenses.ball_membership import _coordinate_distances
+    every entry not chosen stays at infinity."""
+    from defenses.ball_membership import _FEW_PROBLEMS, _coordinate_distances
     from robust_pfl.engine.devices import using_engine
 
+    problems = _FEW_PROBLEMS + 2
     generator = torch.Generator().manual_seed(seed)
-    z = torch.randn(2, points, 33, generator=generator)
+    z = torch.randn(problems, points, 33, generator=generator)
     z[:, : points // 3] *= 1e6  # far rows, as under large gradients
-    centre_rows = torch.randn(2, centres, 33, generator=generator)
-    rows = torch.rand(2, points, generator=generator) < 0.5
-    rows[0, 0] = True
-    one = rows.clone()
-    one[1] = False  # only problem 0 has chosen rows: the one-problem path
-    both = rows.clone()
-    both[1, 0] = True  # problem 1 too: the general path
+    centre_rows = torch.randn(problems, centres, 33, generator=generator)
+    rows = torch.rand(problems, points, generator=generator) < 0.5
+    rows[:, 0] = True  # every problem has a chosen row: the general path
+    some = rows.clone()
+    some[few:] = False  # the first `few` problems only: the few-problem path
     with using_engine(engine_kind):
-        single = _coordinate_distances(z, lambda problems: centre_rows[problems], one)
-        general = _coordinate_distances(z, lambda problems: centre_rows[problems], both)
-    chosen = one[0]
-    assert torch.equal(single[0][:, chosen], general[0][:, chosen])
-    assert torch.isinf(single[0][:, ~chosen]).all() and torch.isinf(single[1]).all()
+        general = _coordinate_distances(z, lambda chosen: centre_rows[chosen], rows)
+        fewer = _coordinate_distances(z, lambda chosen: centre_rows[chosen], some)
+    chosen = some.unsqueeze(1).expand_as(fewer)
+    assert torch.equal(fewer[chosen], general[chosen])
+    assert torch.isinf(fewer[~chosen]).all()
