@@ -11,7 +11,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -55,7 +55,7 @@ from robust_pfl.engine.progress import progress_bar, verbose
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.seeding import deterministic_kernels_within
 from robust_pfl.engine.tasks import ImageTask, SyntheticLinearRegression, Task
-from robust_pfl.engine.tasks.images import TooManyByzantine
+from robust_pfl.engine.tasks.images import RedealCache, TooManyByzantine
 from robust_pfl.engine.tasks.transforms import normalization_stats
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.types import AttackBase, BackdoorAttack, RoundRecord
@@ -670,6 +670,12 @@ class EpochRedealer:
     seed: int
     data: LabelledImages
     per_epoch: int
+    #: the layout and the train images normalised at each turn, computed once and
+    #: reused by every re-deal (without it each re-deal computes them again)
+    prepared: RedealCache | None = None
+    #: two train-input tensors the re-deals alternate between (with prepared images):
+    #: a fresh one page-faults (benchmarks/README.md, "The epoch re-deal")
+    spares: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def of(cls, config: ExperimentConfig, task: Task, seed: int) -> EpochRedealer | None:
@@ -679,12 +685,48 @@ class EpochRedealer:
         builder = config.task.builder()
         samples = task.train.samples_per_client
         per_epoch = math.ceil(samples / min(config.batch_size or samples, samples))
-        return cls(builder, task, seed, _dataset(builder.dataset, builder.data_dir), per_epoch)
+        data = _dataset(builder.dataset, builder.data_dir)
+        prepared = builder.prepared_redeal(task, seed, data)
+        # written once now, so that no re-deal pays their pages' first touch
+        spares = [] if prepared.images is None else [torch.zeros_like(task.train.inputs, device="cpu") for _ in range(2)]
+        return cls(builder, task, seed, data, per_epoch, prepared, spares)
+
+    #: the next epoch's deal while it is gathered into a spare, a share every round
+    ahead: dict[str, Any] = field(default_factory=dict)
 
     def before_round(self, federation: Federation, round_index: int) -> None:
-        """Re-deal before round ``round_index`` when it starts an epoch."""
+        """Re-deal before round ``round_index`` when it starts an epoch; then gather a
+        share of the next epoch's deal (:meth:`_gather_ahead`)."""
         if round_index > 0 and round_index % self.per_epoch == 0:
             self.deal(federation, round_index // self.per_epoch)
+        self._gather_ahead(federation, round_index)
+
+    def _gather_ahead(self, federation: Federation, round_index: int) -> None:
+        """Gather the next epoch's train inputs into a spare over this epoch's rounds,
+        an equal share of the clients each round, so that the epoch's first round swaps
+        them in rather than gathering them all: one round well above the others
+        otherwise.  The same values as a re-deal at once (a run resumed mid-epoch
+        starts the gathering where it stands)."""
+        if self.prepared is None or self.prepared.images is None:
+            return
+        part = round_index % self.per_epoch
+        if part == 0 or not self.ahead:
+            spare = self._spare(federation)
+            if spare is None:
+                return
+            epoch = round_index // self.per_epoch + 1
+            index = self.builder.epoch_index(self.task, epoch, self.seed, self.data, self.prepared)
+            self.ahead.clear()
+            self.ahead.update(epoch=epoch, index=index, turns=self.builder.turns(self.task), inputs=spare, done=0)
+        ahead = self.ahead
+        clients = ahead["index"].shape[0]
+        stop = ahead["done"] + math.ceil((clients - ahead["done"]) / (self.per_epoch - part))
+        rows = slice(ahead["done"], stop)
+        into = ahead["inputs"][rows]
+        if self.prepared.images.gather(ahead["index"][rows], ahead["turns"][rows], out=into) is not into:
+            ahead.clear()  # the spare does not fit the gathered rows: re-deal at once instead
+            return
+        ahead["done"] = stop
 
     def catch_up(self, federation: Federation, done: int) -> None:
         """Give a freshly built ``federation`` the deal in force after ``done`` rounds."""
@@ -693,7 +735,23 @@ class EpochRedealer:
             self.deal(federation, epoch)
 
     def deal(self, federation: Federation, epoch: int) -> None:
-        federation.redeal(self.builder.reshuffle(self.task, epoch, self.seed, self.data))
+        ahead = self.ahead
+        if ahead.get("epoch") == epoch and ahead["done"] == ahead["index"].shape[0]:
+            train = self.builder.gathered_split(self.task, ahead["index"], ahead["inputs"], self.data)
+        else:
+            train = self.builder.reshuffle(self.task, epoch, self.seed, self.data, self.prepared,
+                                           self._spare(federation))
+        ahead.clear()
+        federation.redeal(train)
+
+    def _spare(self, federation: Federation) -> torch.Tensor | None:
+        """A train-input tensor to deal into that holds neither the federation's current
+        data nor the task's first deal (``None`` without prepared images).  No engine
+        keeps the train data past a round, so the deal before last is free again."""
+        if self.prepared is None or self.prepared.images is None:
+            return None
+        held = {federation.train.inputs.data_ptr(), self.task.train.inputs.data_ptr()}
+        return next((spare for spare in self.spares if spare.data_ptr() not in held), None)
 
 
 def run_cell_config(

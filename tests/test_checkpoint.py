@@ -216,7 +216,7 @@ def test_fc_checkpoint_leaves_out_its_scratch(tmp_path):
     saved = load_run(config.methods[0], config, 3, path)
     models = saved.algorithm.models
     assert path.stat().st_size < 2.5 * models.nbytes
-    assert saved.algorithm._buffer is None
+    assert saved.algorithm._buffers == {}
     assert saved.algorithm._own.shape == saved.algorithm._updates.shape == models.shape
 
 

@@ -93,6 +93,10 @@ class Federation:
         self._batch_buffer: Batch | None = None
         self._host_mask: tuple[Tensor, int, MaskFacts] | None = None
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.__dict__.setdefault("_host_mask", None)  # a checkpoint written before the mask facts
+
     def redeal(self, train: ClientData) -> None:
         """Replace every client's training data (same shapes), e.g. the official code's
         per-epoch re-dealing of MNIST; a data attack poisons the new data too."""

@@ -91,7 +91,7 @@ from robust_pfl.engine.tasks.partition import (
     largest_remainder,
     largest_share,
 )
-from robust_pfl.engine.tasks.transforms import Normalization, materialise, normalization_stats
+from robust_pfl.engine.tasks.transforms import Normalization, PreparedImages, materialise, normalization_stats, relabel
 from robust_pfl.engine.validation import options
 
 Kind = Literal["rotation", "private_label", "label_skew", "mixture", "dirichlet"]
@@ -125,6 +125,22 @@ class _Layout:
     test: Tensor
     groups: Tensor
     quotas: Tensor
+
+
+@dataclass(frozen=True)
+class RedealCache:
+    """What a task's per-epoch re-deal reuses (:meth:`ImageTask.prepared_redeal`): the
+    task's seed and clusters, its layout (whose validation samples stay fixed and whose
+    train quotas are dealt again), and its train images prepared by turn."""
+
+    seed: int
+    ids: Tensor
+    layout: _Layout
+    images: PreparedImages | None
+
+    def serves(self, task: Task, seed: int) -> bool:
+        """Whether this cache was made for ``task``'s clusters and ``seed``."""
+        return self.seed == seed and torch.equal(self.ids, task.cluster_ids.cpu())
 
 
 @options("task", where="")
@@ -285,7 +301,22 @@ class ImageTask:
             group_sizes(train_groups, weights.shape[1]), group_sizes(test_groups, weights.shape[1]), weights, data
         )
 
-    def reshuffle(self, task: Task, epoch: int, seed: int, data: LabelledImages | None = None) -> ClientData:
+    def prepared_redeal(self, task: Task, seed: int, data: LabelledImages | None = None) -> RedealCache:
+        """What :meth:`reshuffle` reuses every epoch for ``task`` (built with ``seed``):
+        its layout, and the source train images normalised at every quarter turn its
+        clients use (left out when that stack would pass
+        :data:`~robust_pfl.engine.tasks.transforms.PREPARED_LIMIT_BYTES`)."""
+        data = self.load(data)
+        ids = task.cluster_ids.cpu()
+        quarters = self._turns(ids, task.train.samples_per_client).unique().tolist()
+        images = None
+        if PreparedImages.fits(data.train_images, quarters):
+            stats = normalization_stats(self.normalization, data.train_images)
+            images = PreparedImages(data.train_images, stats, quarters)
+        return RedealCache(seed, ids, self._layout(seed, ids, data), images)
+
+    def reshuffle(self, task: Task, epoch: int, seed: int, data: LabelledImages | None = None,
+                  prepared: RedealCache | None = None, out: Tensor | None = None) -> ClientData:
         """The train split of ``task`` (built by this builder with ``seed``) dealt
         afresh for ``epoch``, as the official code re-deals MNIST every epoch.
 
@@ -293,17 +324,33 @@ class ImageTask:
         samples come from the source train split minus every client's validation
         samples (which stay fixed), drawn from the ``images/deal/train/epoch-<epoch>``
         stream.  Validation and test are unchanged (reuse ``task.validation`` /
-        ``task.test``).  Not called by the engine yet.  Pass ``data`` to avoid reloading
-        the data set every epoch.
+        ``task.test``).  Pass ``data`` to avoid reloading the data set every epoch, and
+        ``prepared`` (:meth:`prepared_redeal`, for this task and seed) to reuse the
+        layout and gather the normalised, turned samples instead of computing them again
+        (the same values), into ``out`` (a tensor of the train inputs' shape that nothing
+        else reads any more) when given.
 
         Raises:
             ValueError: ``epoch < 0``, or ``task`` does not match this builder and
                 ``seed``.
         """
+        data = self.load(data)
+        index = self.epoch_index(task, epoch, seed, data, prepared)
+        reusable = prepared is not None and prepared.serves(task, seed)
+        stats = normalization_stats(self.normalization, data.train_images)
+        train = self._materialise(
+            (data.train_images, data.train_labels), index, task.cluster_ids.cpu(), data.num_classes, stats,
+            task.train.inputs.dtype, prepared.images if reusable else None, out,
+        )
+        return ClientData(train.inputs.to(task.train.inputs.device), train.targets.to(task.train.targets.device))
+
+    def epoch_index(self, task: Task, epoch: int, seed: int, data: LabelledImages | None = None,
+                    prepared: RedealCache | None = None) -> Tensor:
+        """The source indices ``[N, n]`` of :meth:`reshuffle`'s train split for ``epoch``."""
         _integer("epoch", epoch, 0)
         data = self.load(data)
         ids = task.cluster_ids.cpu()
-        layout = self._layout(seed, ids, data)
+        layout = prepared.layout if prepared is not None and prepared.serves(task, seed) else self._layout(seed, ids, data)
         if tuple(layout.train.shape) != tuple(task.train.targets.shape):
             raise ValueError(
                 f"task: its train split is {list(task.train.targets.shape)} but this ImageTask "
@@ -313,11 +360,21 @@ class ImageTask:
         groups[layout.validation.reshape(-1)] = -1
         stream = generator(seed, f"images/deal/train/epoch-{epoch}")
         (index,) = deal(groups, [layout.quotas], stream, self.partition)
-        stats = normalization_stats(self.normalization, data.train_images)
-        train = self._materialise(
-            (data.train_images, data.train_labels), index, ids, data.num_classes, stats, task.train.inputs.dtype
-        )
-        return ClientData(train.inputs.to(task.train.inputs.device), train.targets.to(task.train.targets.device))
+        return index
+
+    def gathered_split(self, task: Task, index: Tensor, inputs: Tensor, data: LabelledImages | None = None) -> ClientData:
+        """The train split of the source indices ``index`` whose inputs the caller has
+        gathered into ``inputs`` (from :meth:`prepared_redeal`'s images, by
+        :meth:`turns`), with its targets, on the task's device."""
+        data = self.load(data)
+        ids = task.cluster_ids.cpu()
+        shift = ids if self.kind == "private_label" else torch.zeros_like(ids)
+        targets = relabel(data.train_labels, index, shift, data.num_classes)
+        return ClientData(inputs.to(task.train.inputs.device), targets.to(task.train.targets.device))
+
+    def turns(self, task: Task) -> Tensor:
+        """Quarter turns ``[N, n]`` of every train sample of ``task``'s clients."""
+        return self._turns(task.cluster_ids.cpu(), task.train.samples_per_client)
 
     # -- layout ---------------------------------------------------------------------------
     def _layout(self, seed: int, ids: Tensor, data: LabelledImages) -> _Layout:
@@ -447,11 +504,14 @@ class ImageTask:
         classes: int,
         stats: tuple[Tensor, Tensor],
         dtype: torch.dtype,
+        prepared: PreparedImages | None = None,
+        out: Tensor | None = None,
     ) -> ClientData:
         """One split's stacked data with each client's cluster transform."""
         shift = ids if self.kind == "private_label" else torch.zeros_like(ids)
         images, labels = source
-        return materialise(images, labels, index, self._turns(ids, index.shape[1]), shift, classes, stats, dtype)
+        turns = self._turns(ids, index.shape[1])
+        return materialise(images, labels, index, turns, shift, classes, stats, dtype, prepared, out)
 
 
 # -- validation helpers ------------------------------------------------------------------------
