@@ -447,8 +447,12 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
     models = algorithm.client_models()
     honest = ~task.byzantine.to(models.device)
     per_client = task.evaluate(models, algorithm.predict_log_proba)
-    out = {name: float(values[honest].double().mean()) for name, values in per_client.items()}
-    out["nonfinite_models"] = float((~torch.isfinite(models[honest]).all(-1)).double().mean())
+    # the honest rows found once, every mean taken on the device and read back in one
+    # transfer: on a GPU each host read waits for the device (issue 45)
+    rows = honest.nonzero().squeeze(-1)
+    means = [values.index_select(0, rows).double().mean() for values in per_client.values()]
+    means.append((~torch.isfinite(models.index_select(0, rows)).all(-1)).double().mean())
+    out = dict(zip([*per_client, "nonfinite_models"], torch.stack(means).tolist()))
     if "test_accuracy" in per_client:
         out["worst_cluster_test_accuracy"] = worst_cluster_mean(per_client["test_accuracy"], task.cluster_ids, honest)
     out.update(backdoor_success(task, algorithm, models))

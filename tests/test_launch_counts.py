@@ -178,3 +178,31 @@ def test_the_step_under_the_counter_gives_the_same_models():
                 algorithm.step(2)
         results.append(algorithm.client_models().clone())
     assert torch.equal(*results)
+
+
+def test_an_evaluation_reads_its_means_back_in_few_syncs():
+    """``honest_means`` on the batched engine finds the honest rows once and reads every
+    mean back in one transfer: at most 8 host syncs (the honest rows, the means, the
+    worst cluster's mean and its sizes), whatever the number of metrics; the same values
+    as one read per metric, which costs more than the bound (the negative control)."""
+    from robust_pfl.experiments import RunParts, honest_means, method_params, parse_and_validate
+    from robust_pfl.recipes import fig6
+
+    grid = fig6.grids(fig6.DIGITS, None, True, ("bit_flip",))[-1]
+    config = parse_and_validate(dict(grid.cells[0].config))
+    parts = RunParts.build(config, 0, None)
+    method = config.methods[0]
+    algorithm = defenses.build(method.name, parts.federation, params=method_params(config, method))
+    with using_engine("batched"):
+        means, count = count_launches(lambda: honest_means(parts.evaluation, algorithm))
+
+        def one_read_per_metric() -> dict[str, float]:
+            models = algorithm.client_models()
+            honest = ~parts.evaluation.byzantine
+            per_client = parts.evaluation.evaluate(models, algorithm.predict_log_proba)
+            return {name: float(values[honest].double().mean()) for name, values in per_client.items()}
+
+        reference, slow = count_launches(one_read_per_metric)
+    assert count.syncs <= 8
+    assert slow.syncs > 8
+    assert {name: means[name] for name in reference} == reference
