@@ -162,6 +162,7 @@ def test_flower_command_without_flwr_names_the_extra(monkeypatch: pytest.MonkeyP
     assert "robust-pfl[flower]" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # about 15 s of real Flower nodes; the default run keeps the core equivalence test
 def test_flower_command_writes_what_run_writes(tmp_path: Path) -> None:
     """``robust-pfl flower`` and ``robust-pfl run`` on one config (FC with 2 groups,
     Global + median, 3 rounds): the same history.csv, byte for byte."""
@@ -265,6 +266,7 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         sys.modules.pop(stem, None)
 
 
+@pytest.mark.slow  # about 15 s of real Flower nodes; the default run keeps the core equivalence test
 def test_a_plugin_attack_runs_on_the_nodes_as_in_the_simulator(plugin_dir: Path) -> None:
     """A node-side attack registered by a plug-in file that the config names by a path
     relative to itself: every node imports the plug-in (no node fails) and the honest
@@ -290,6 +292,7 @@ def test_a_plugin_attack_runs_on_the_nodes_as_in_the_simulator(plugin_dir: Path)
         assert honest_gap(summary["models"][(method.display, 0)], simulated[method.display], byzantine) == 0.0
 
 
+@pytest.mark.slow  # about 15 s of real Flower nodes; the default run keeps the core equivalence test
 def test_failing_nodes_are_counted_per_node_and_fail_the_command(plugin_dir: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     """One honest and one Byzantine node that raise at every request: the command

@@ -184,6 +184,7 @@ def test_cgpfl_cluster_gradient_by_hand():
     assert float(objective) == pytest.approx((1.0 + 1.0 + 4.0) / 3)
 
 
+@pytest.mark.slow  # about 18 s of CGPFL training
 def test_cgpfl_thm1_is_vacuous_by_its_floor():
     """With delta > 0 the bound's floor 52 delta^2 / (K N) is its slowest term: a frozen
     model stays under it as CGPFL does, so the control is not violated and the status

@@ -368,9 +368,13 @@ class ImageTask:
         :meth:`turns`), with its targets, on the task's device."""
         data = self.load(data)
         ids = task.cluster_ids.cpu()
-        shift = ids if self.kind == "private_label" else torch.zeros_like(ids)
+        shift = self._label_shift(ids)
         targets = relabel(data.train_labels, index, shift, data.num_classes)
         return ClientData(inputs.to(task.train.inputs.device), targets.to(task.train.targets.device))
+
+    def _label_shift(self, ids: Tensor) -> Tensor:
+        """Each client's label shift ``[N]``: its cluster under ``private_label``, else 0."""
+        return ids if self.kind == "private_label" else torch.zeros_like(ids)
 
     def turns(self, task: Task) -> Tensor:
         """Quarter turns ``[N, n]`` of every train sample of ``task``'s clients."""
@@ -508,7 +512,7 @@ class ImageTask:
         out: Tensor | None = None,
     ) -> ClientData:
         """One split's stacked data with each client's cluster transform."""
-        shift = ids if self.kind == "private_label" else torch.zeros_like(ids)
+        shift = self._label_shift(ids)
         images, labels = source
         turns = self._turns(ids, index.shape[1])
         return materialise(images, labels, index, turns, shift, classes, stats, dtype, prepared, out)
