@@ -33,7 +33,8 @@ from pydantic import Field
 from torch import Tensor
 
 from attacks.base import attack_options, register
-from attacks.search import LINE_EVALUATIONS, LINE_STEP, REFINE_EVALUATIONS, Optimised
+from attacks.search import (LINE_EVALUATIONS, LINE_STEP, REFINE_EVALUATIONS, SEARCH_EVERY_FIELD, WARM_REFINE_EVALUATIONS,
+                            WARM_REFINE_FIELD, Optimised)
 from robust_pfl.engine.types import AttackBase, AttackContext
 
 #: ``z`` values tried first by :class:`OptimalALIE` (in honest standard deviations).
@@ -66,7 +67,8 @@ class _SearchOverBase(AttackBase):
     def __post_init__(self) -> None:
         wrapper = Optimised(base=self.base, scales=tuple(self.to_scale(v) for v in self.grid),
                             line_evaluations=self.line_evaluations, line_step=self.line_step,
-                            refine_evaluations=self.refine_evaluations)
+                            refine_evaluations=self.refine_evaluations, search_every=self.search_every,
+                            warm_refine_evaluations=self.warm_refine_evaluations)
         object.__setattr__(self, "search", wrapper)
 
     @property
@@ -103,6 +105,8 @@ class OptimalALIE(_SearchOverBase):
     line_evaluations: LINE_EVALUATIONS_FIELD = LINE_EVALUATIONS
     line_step: LINE_STEP_FIELD = LINE_STEP
     refine_evaluations: REFINE_EVALUATIONS_FIELD = REFINE_EVALUATIONS
+    search_every: SEARCH_EVERY_FIELD = 1
+    warm_refine_evaluations: WARM_REFINE_FIELD = WARM_REFINE_EVALUATIONS
     search: Any = dataclasses.field(init=False, repr=False, compare=False)  # the optimised wrapper
     base: ClassVar[dict[str, Any]] = {"name": "alie", "z": 1.0}  # the wrapper's scale is z itself
 
@@ -132,6 +136,8 @@ class OptimalIPM(_SearchOverBase):
     line_evaluations: LINE_EVALUATIONS_FIELD = LINE_EVALUATIONS
     line_step: LINE_STEP_FIELD = LINE_STEP
     refine_evaluations: REFINE_EVALUATIONS_FIELD = REFINE_EVALUATIONS
+    search_every: SEARCH_EVERY_FIELD = 1
+    warm_refine_evaluations: WARM_REFINE_FIELD = WARM_REFINE_EVALUATIONS
     search: Any = dataclasses.field(init=False, repr=False, compare=False)  # the optimised wrapper
     base: ClassVar[dict[str, Any]] = {"name": "ipm", "eps": 1.0}
 

@@ -34,6 +34,18 @@ damage over every phase; non-finite damages are ignored (worse than any finite o
 ties go to the value evaluated first, and with no finite damage at all the base rows
 themselves (value 1) are used.  ``line_evaluations = 0`` and ``refine_evaluations = 0``
 give the pure grid search of earlier versions (whose grids did not include 0).
+
+**Warm start** (``search_every = k > 1``): the full search runs in the rounds ``t``
+with ``t mod k = 0`` (and whenever the run remembers no value); in the other rounds the
+search starts from the value ``b`` the previous call chose (kept in
+``context.memory``, so a resumed run remembers it): it evaluates 0 (where ByzFL's
+search starts), ``b``, ``2b`` and ``b / 2`` (``1`` instead of ``2b`` when ``b = 0``),
+then refines around the best value (phase 3, ``warm_refine_evaluations``
+evaluations): about 12 evaluations instead of 36.
+Between rounds the honest messages move little, so the optimum moves little; a
+better optimum far from both is found again at the next full search.  ``tests/test_optimised_search.py``
+holds the warm search to the same bar as the full one (at least as damaging as ByzFL's
+search in 95% of the cases), round after round on drifting inputs.
 """
 
 from __future__ import annotations
@@ -56,6 +68,8 @@ LINE_STEP = 10.0
 LINE_SHRINK = 0.8
 #: Phase 3: evaluations around the best value, and the golden-section fraction.
 REFINE_EVALUATIONS = 8
+#: The warm search's refinement (module docstring, "Warm start").
+WARM_REFINE_EVALUATIONS = 8
 GOLDEN = (3.0 - math.sqrt(5.0)) / 2.0
 
 
@@ -66,11 +80,14 @@ def mean_aggregate(delivered: Tensor) -> Tensor:
 
 def maximise_scale(damage: Callable[[float], float], grid: Sequence[float] = DEFAULT_SCALES,
                    line_evaluations: int = LINE_EVALUATIONS, refine_evaluations: int = REFINE_EVALUATIONS,
-                   line_step: float = LINE_STEP) -> float:
+                   line_step: float = LINE_STEP, warm: float | None = None,
+                   warm_refine_evaluations: int = WARM_REFINE_EVALUATIONS) -> float:
     """The value ``>= 0`` of largest finite ``damage(value)`` found by the three phases
-    of the module docstring (grid, line search from 0, refinement); ties go to the
-    value evaluated first; 1 when no damage is finite.  ``damage`` is called at most
-    once per distinct value, in a fixed order (deterministic when ``damage`` is)."""
+    of the module docstring (grid, line search from 0, refinement), or, given the
+    previous call's value ``warm``, by the warm search (0, ``warm``, twice and half of
+    it, then ``warm_refine_evaluations`` refinements); ties go to the value evaluated
+    first; 1 when no damage is finite.  ``damage`` is called at most once per distinct
+    value, in a fixed order (deterministic when ``damage`` is)."""
     seen: dict[float, float] = {}
     best: list[Any] = [None, -math.inf]  # value, damage
 
@@ -85,9 +102,14 @@ def maximise_scale(damage: Callable[[float], float], grid: Sequence[float] = DEF
                 best[0], best[1] = x, seen[x]
         return seen[x]
 
-    for x in grid:
-        value_of(x)
-    line_search(value_of, line_evaluations, line_step)
+    if warm is not None and math.isfinite(warm) and warm >= 0:
+        for x in (0.0, warm, 2 * warm if warm > 0 else 1.0, warm / 2):
+            value_of(x)
+        refine_evaluations = warm_refine_evaluations
+    else:
+        for x in grid:
+            value_of(x)
+        line_search(value_of, line_evaluations, line_step)
     if best[0] is None:
         return 1.0
     refine(value_of, best[0], sorted(seen), refine_evaluations)
@@ -149,6 +171,23 @@ def line_search(value_of: Callable[[float], float], evaluations: int, step: floa
         step *= LINE_SHRINK
 
 
+SEARCH_EVERY_FIELD = Annotated[
+    int, Field(ge=1, le=1_000_000, description="rounds between full searches; the rounds between start from the "
+                                               "previous call's value (module docstring of attacks.search, "
+                                               "\"Warm start\"); 1: a full search every round")]
+WARM_REFINE_FIELD = Annotated[
+    int, Field(ge=0, le=64, description="refinement evaluations of a warm-started search")]
+
+
+def warm_start(memory: dict[str, Any], key: str, round_index: int, search_every: int) -> float | None:
+    """The value a warm-started search starts from: the one ``memory[key]`` keeps,
+    except in the rounds of a full search (``round_index mod search_every = 0``) and
+    when nothing is kept."""
+    if search_every <= 1 or round_index % search_every == 0:
+        return None
+    return memory.get(key)
+
+
 @register
 @attack_options
 class Optimised(AttackBase):
@@ -196,6 +235,8 @@ class Optimised(AttackBase):
         int, Field(ge=0, le=64, description="evaluations of the golden-section refinement around the best scale; "
                                             "0: none")
     ] = REFINE_EVALUATIONS
+    search_every: SEARCH_EVERY_FIELD = 1
+    warm_refine_evaluations: WARM_REFINE_FIELD = WARM_REFINE_EVALUATIONS
     attack: Any = dataclasses.field(init=False, repr=False, compare=False)  # the base attack, built
 
     def __post_init__(self) -> None:
@@ -229,5 +270,10 @@ class Optimised(AttackBase):
             delivered[..., mask, :] = centre + to_scale(value) * offset
             return float(norm(aggregate(delivered) - centre, keepdim=False).mean())
 
-        chosen = maximise_scale(damage, grid, self.line_evaluations, self.refine_evaluations, self.line_step)
+        key = f"{self.name}:{context.kind}:search"
+        warm = warm_start(context.memory, key, context.round_index, self.search_every)
+        chosen = maximise_scale(damage, grid, self.line_evaluations, self.refine_evaluations, self.line_step,
+                                warm, self.warm_refine_evaluations)
+        if self.search_every > 1:
+            context.memory[key] = chosen
         return centre + to_scale(chosen) * offset

@@ -122,4 +122,4 @@ def benchmark(source: Mapping[str, Any] | str | Path, *, out_dir: str | Path | N
         cells = make_backend(backend, jobs=jobs)
         stack.callback(cells.close)
         return run_benchmark(source, Path(out_dir), quick=quick, subset=subset, tune=tune, backend=cells,
-                             device=device, progress=progress, page=page)
+                             device=device, progress=progress, page=page, workers=jobs)

@@ -197,11 +197,13 @@ def _benchmark(args: argparse.Namespace) -> int:
     with _backend(args, _recipe_resources(args)) as backend:
         result = run_benchmark(args.benchmark, out, quick=args.quick, subset=args.subset,
                                tune=False if args.no_tune else None, backend=backend, device=args.device,
-                               page=args.page, command=_benchmark_command(args), resources=cells)
+                               page=args.page, command=_benchmark_command(args), resources=cells,
+                               workers=args.jobs or 1)
     summary = result.summary
-    print(f"{summary['cells']} cells: {summary['ran']} ran, {summary['skipped']} skipped (finished before), "
-          f"{summary['errors']} errored, {summary['not_applicable']} combinations not applicable")
-    print(f"cost: {summary['per_cell']}")
+    print(f"{summary['cells']} runs in {summary['stages']} stages ({summary['full_factorial']} in the full "
+          f"factorial): {summary['ran']} ran, {summary['skipped']} skipped (finished before), {summary['errors']} "
+          f"errored; {summary['not_applicable']} combinations not applicable")
+    print(f"cost: {summary['per_cell']} Measured wall time {summary['seconds']:.0f} s; {summary['estimate']}.")
     for path in result.files:
         print(f"  wrote {path}")
     for cell, error in summary["errored"].items():

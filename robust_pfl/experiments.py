@@ -217,7 +217,7 @@ def _model_size(config: ExperimentConfig, add: Add, placement: bool = True) -> t
         return None
     try:
         for seed in config.seeds if placement else ():
-            task.builder().check(seed, config.byzantine.placement(), data)
+            _checked_deal(task, config.byzantine.placement(), seed, data)
     except TooManyByzantine as error:
         add("byzantine", str(error))
         return None
@@ -226,6 +226,30 @@ def _model_size(config: ExperimentConfig, add: Add, placement: bool = True) -> t
         return None
     model_dim = make_network(task.model, data.image_shape, data.num_classes).dim
     return model_dim, task.train_per_client or max(1, data.train_images.shape[0] // client_count(config))
+
+
+#: Outcomes of :func:`_checked_deal`, by the task, placement and seed written out: a
+#: benchmark validates thousands of configs that differ only in method and attack.
+_DEALS_CHECKED: dict[tuple[str, str, int, int], Exception | None] = {}  # (task, placement, seed, data)
+_DEALS_KEPT = 4096
+
+
+def _checked_deal(task: ImageTaskConfig, placement: Any, seed: int, data: Any) -> None:
+    """``task.builder().check(seed, placement, data)``, its outcome remembered for the
+    same task, placement, seed and data set (the check deals every client's indices)."""
+    labels = (data.train_labels.numpy().tobytes(), data.test_labels.numpy().tobytes())
+    key = (repr(task), repr(placement), seed, hash((tuple(data.train_images.shape), data.num_classes, labels)))
+    if key not in _DEALS_CHECKED:
+        if len(_DEALS_CHECKED) >= _DEALS_KEPT:
+            _DEALS_CHECKED.clear()
+        try:
+            task.builder().check(seed, placement, data)
+            _DEALS_CHECKED[key] = None
+        except (TooManyByzantine, ValueError) as error:
+            _DEALS_CHECKED[key] = error
+    error = _DEALS_CHECKED[key]
+    if error is not None:
+        raise error.with_traceback(None)
 
 
 def client_count(config: ExperimentConfig) -> int:

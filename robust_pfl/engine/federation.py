@@ -90,12 +90,14 @@ class Federation:
         self.byzantine = self.byzantine.to(self.device).bool()
         self._batch_rng = make_generator(self.seed, "batches", self.device)
         self._attack_rng = make_generator(self.seed, "attack", self.device)
+        self._attack_memory: dict[str, Any] = {}  # AttackContext.memory: checkpointed with the federation
         self._batch_buffer: Batch | None = None
         self._host_mask: tuple[Tensor, int, MaskFacts] | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.setdefault("_host_mask", None)  # a checkpoint written before the mask facts
+        self.__dict__.setdefault("_attack_memory", {})  # and before attacks kept a memory
 
     def redeal(self, train: ClientData) -> None:
         """Replace every client's training data (same shapes), e.g. the official code's
@@ -332,6 +334,7 @@ class Federation:
             receivers=receivers,
             senders=senders,
             defense_state=dict(defense_state or {}),
+            memory=self._attack_memory,
         )
         writer = _row_writer(self.attack)
         if byzantine_only and writer is not None:

@@ -39,6 +39,11 @@ class AttackContext:
             FC's ``centres`` ``[R, 1, d]``, MC's ``[K, d]``, ``None`` in round 0); empty
             for a defense that publishes nothing.
         generator: the attack's own seeded generator (independent of data sampling).
+        memory: what an attack keeps from one call to the next within a run (a dict
+            the federation owns, saved in its checkpoints: a resumed run sees what the
+            uninterrupted one saw); keys are the attack's own, e.g. the optimised
+            search's last value (:mod:`attacks.search`).  A caller without a run (a
+            probe, a test) hands a fresh dict.
     """
 
     round_index: int
@@ -49,6 +54,7 @@ class AttackContext:
     receivers: Tensor | None = None
     senders: Tensor | None = None
     defense_state: Mapping[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 class AttackBase(ABC):

@@ -1,95 +1,168 @@
-"""A benchmark's figures: per defense, a heatmap of the worst-case test accuracy
-(Byzantine fraction x heterogeneity); the best defense per cell; the worst case
-against the fraction, one line per defense (seaborn and matplotlib)."""
+"""A benchmark's figures (matplotlib and seaborn), written at :data:`DPI` as PNG and as
+PDF: per defense, a heatmap of the worst-case test accuracy (Byzantine fraction x
+heterogeneity) with the worst attack and the decision in each cell; the best defense
+per cell; and the worst case against the fraction, one small panel per defense with a
+line per level.  Cells of a defense that gets no verdict are hatched; an inconclusive
+cell is marked ``?``."""
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from robust_pfl.worst_case.analysis import BREAKS, HOLDS, NOT_CONVERGED, OPEN, REFERENCE, UNDECIDED, VACUOUS
 
 FIGURES = {
     "worst-case heatmaps": "worst_case_heatmaps.png",
     "best defense per cell": "best_defense.png",
     "worst case against the fraction": "worst_case_lines.png",
 }
+DPI = 300
+CMAP = "viridis"
+#: The decision's mark in a heatmap cell.
+MARKS = {HOLDS: "holds", BREAKS: "breaks", UNDECIDED: "?"}
+NO_VERDICT = {REFERENCE: "reference", NOT_CONVERGED: "not converged", VACUOUS: "vacuous"}
+SHORT_ATTACKS = {"clipped_clustering_attack": "clipped_cl.", "signguard_attack": "signguard",
+                 "fang_trimmed_mean": "fang_tm", "neighbour_poison": "neighbour", "large_gradient": "large_grad",
+                 "gaussian_noise": "gauss_noise", "model_replacement": "model_repl"}
 
 
-def _grid_of(table: pd.DataFrame, levels: Sequence[str], fractions: Sequence[float]) -> pd.DataFrame:
-    """``levels x fractions`` of ``table``'s ``worst`` (percent), nan where missing."""
-    frame = pd.DataFrame(np.nan, index=list(levels), columns=[f"{f:g}" for f in fractions])
-    for row in table.itertuples():
-        frame.loc[row.heterogeneity, f"{row.fraction:g}"] = 100 * row.worst
-    return frame
+def pdf_writer(figure: Any) -> Callable[[Any], None]:
+    """A figure saved as PDF (vector; nothing clipped)."""
+    return lambda path: figure.savefig(path, format="pdf", bbox_inches="tight")
+
+
+def _text(value: str) -> str:
+    """A label drawn as text: matplotlib's mathtext ``$`` escaped."""
+    return str(value).replace("$", r"\$")
+
+
+def _columns(fractions: Sequence[float]) -> list[str]:
+    return [f"{f:g}" for f in fractions]
 
 
 def heatmaps_figure(table: pd.DataFrame, defenses: Sequence[str], levels: Sequence[str],
                     fractions: Sequence[float]) -> Any:
-    """One annotated heatmap per defense, y: heterogeneity, x: Byzantine fraction,
-    cell: worst-case test accuracy (%), one colour scale (0-100) for all."""
+    """One heatmap per defense, y: heterogeneity, x: Byzantine fraction; a cell shows
+    the worst-case test accuracy (%), the worst attack and the decision (``?``:
+    inconclusive); a defense without verdict is hatched and says why in its title; one
+    colour scale (0-100) with its colour bar for all."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
     columns = min(4, len(defenses))
     rows = math.ceil(len(defenses) / columns)
-    width, height = 1.2 + 0.9 * len(fractions), 1.0 + 0.5 * len(levels)
-    figure, axes = plt.subplots(rows, columns, figsize=(width * columns, height * rows + 0.6), squeeze=False)
+    width, height = 1.0 + 1.05 * len(fractions), 0.9 + 0.62 * len(levels)
+    figure, axes = plt.subplots(rows, columns, figsize=(width * columns + 1.2, height * rows + 0.9), squeeze=False,
+                                sharex=True, sharey=True, layout="constrained")
+    image = None
     for ax, defense in zip(axes.ravel(), defenses):
-        grid = _grid_of(table[table["method"] == defense], levels, fractions)
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=100, cmap="viridis", annot=True, fmt=".0f", cbar=False,
-                    linewidths=0.5, linecolor="white", annot_kws={"fontsize": "small"})
-        ax.set(title=defense, xlabel="Byzantine fraction", ylabel="")
-        ax.tick_params(axis="y", rotation=0)
+        mine = table[table["method"] == defense]
+        values = np.full((len(levels), len(fractions)), np.nan)
+        for row in mine.itertuples():
+            if row.heterogeneity in levels and row.fraction in fractions:
+                values[levels.index(row.heterogeneity), list(fractions).index(row.fraction)] = 100 * row.worst
+        image = ax.imshow(values, vmin=0, vmax=100, cmap=CMAP, aspect="auto")
+        statuses = {str(s) for s in mine["status"].dropna()}
+        without = sorted(NO_VERDICT[s] for s in statuses if s in NO_VERDICT)
+        for row in mine.itertuples():
+            if row.heterogeneity not in levels or row.fraction not in fractions or not math.isfinite(row.worst):
+                continue
+            y, x = levels.index(row.heterogeneity), list(fractions).index(row.fraction)
+            lines = [f"{100 * row.worst:.0f}"]
+            if row.fraction > 0:
+                lines.append(_text(SHORT_ATTACKS.get(row.worst_attack, row.worst_attack)))
+                if row.status == OPEN and row.decision in MARKS:
+                    lines.append(MARKS[row.decision])
+            colour = "white" if row.worst < 0.55 else "black"
+            ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=6, color=colour, linespacing=1.1)
+            if row.status in NO_VERDICT:
+                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.85",
+                                           linewidth=0))
+        title = _text(defense) + (f"\n({', '.join(without)}: no verdict)" if without else "")
+        ax.set_title(title, fontsize=8)
+        ax.set_xticks(range(len(fractions)), _columns(fractions), fontsize=7)
+        ax.set_yticks(range(len(levels)), [_text(level) for level in levels], fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("Byzantine fraction", fontsize=7)
     for ax in axes.ravel()[len(defenses):]:
         ax.set_visible(False)
-    figure.suptitle("Worst-case test accuracy (%) over the attack set; blank: not run", fontsize="medium")
-    figure.tight_layout()
+    if image is not None:
+        bar = figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, pad=0.01)
+        bar.set_label("worst-case test accuracy (%)", fontsize=8)
+    figure.suptitle("Worst-case test accuracy (%) over the attacks; cell: accuracy, worst attack, decision "
+                    "(?: inconclusive); hatched: no verdict; blank: not run", fontsize=8)
     return figure
 
 
 def best_figure(best: pd.DataFrame, levels: Sequence[str], fractions: Sequence[float]) -> Any:
     """Heatmap of the best defense's worst-case accuracy per cell, annotated with the
-    defense's name."""
+    defense's name (``*``: its interval lies above the runner-up's)."""
     import matplotlib.pyplot as plt
-    import seaborn as sns
 
-    values = pd.DataFrame(np.nan, index=list(levels), columns=[f"{f:g}" for f in fractions])
-    names = pd.DataFrame("", index=list(levels), columns=[f"{f:g}" for f in fractions])
+    values = np.full((len(levels), len(fractions)), np.nan)
+    figure, ax = plt.subplots(figsize=(1.8 + 1.7 * len(fractions), 1.3 + 0.75 * len(levels)), layout="constrained")
+    names = {}
     for row in best.itertuples():
-        if row.best is not None:
-            values.loc[row.heterogeneity, f"{row.fraction:g}"] = 100 * row.worst
-            names.loc[row.heterogeneity, f"{row.fraction:g}"] = f"{row.best}\n{100 * row.worst:.0f}"
-    figure, ax = plt.subplots(figsize=(1.6 + 1.5 * len(fractions), 1.2 + 0.7 * len(levels)))
-    sns.heatmap(values, ax=ax, vmin=0, vmax=100, cmap="viridis", annot=names, fmt="", linewidths=0.5,
-                linecolor="white", cbar_kws={"label": "worst-case test accuracy (%)"}, annot_kws={"fontsize": "small"})
-    ax.set(xlabel="Byzantine fraction", ylabel="", title="Best defense per cell (its worst-case accuracy, %)")
-    ax.tick_params(axis="y", rotation=0)
-    figure.tight_layout()
+        if row.best is None or row.heterogeneity not in levels or row.fraction not in fractions:
+            continue
+        y, x = levels.index(row.heterogeneity), list(fractions).index(row.fraction)
+        values[y, x] = 100 * row.worst
+        names[(y, x)] = (f"{_text(row.best)}{'*' if row.separated else ''}\n{100 * row.worst:.0f}"
+                         + (f"\n({NO_VERDICT[row.status]})" if row.status in NO_VERDICT else ""))
+    image = ax.imshow(values, vmin=0, vmax=100, cmap=CMAP, aspect="auto")
+    for (y, x), text in names.items():
+        ax.text(x, y, text, ha="center", va="center", fontsize=7, color="white" if values[y, x] < 55 else "black")
+    ax.set_xticks(range(len(fractions)), _columns(fractions))
+    ax.set_yticks(range(len(levels)), [_text(level) for level in levels])
+    ax.set(xlabel="Byzantine fraction", title="Best defense per cell (worst-case accuracy, %; *: separated)")
+    bar = figure.colorbar(image, ax=ax)
+    bar.set_label("worst-case test accuracy (%)")
     return figure
 
 
-def lines_figure(table: pd.DataFrame, defenses: Sequence[str], levels: Sequence[str]) -> Any:
-    """Worst-case test accuracy against the Byzantine fraction, one line per defense,
-    one panel per heterogeneity level, with each point's interval as an error bar."""
+def lines_figure(table: pd.DataFrame, defenses: Sequence[str], levels: Sequence[str],
+                 fractions: Sequence[float] | None = None) -> Any:
+    """Worst-case test accuracy against the Byzantine fraction: one small panel per
+    defense (shared axes), a line per level with its interval as a band; open markers
+    where the cell is inconclusive, a dashed line for a level without verdict."""
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(levels), figsize=(5.2 * len(levels), 4.2), squeeze=False, sharey=True)
-    colours = plt.get_cmap("tab20")
-    for ax, level in zip(axes[0], levels):
-        mine = table[table["heterogeneity"] == level]
-        for index, defense in enumerate(defenses):
-            rows = mine[mine["method"] == defense].sort_values("fraction")
-            if rows.empty:
+    columns = min(4, len(defenses))
+    rows = math.ceil(len(defenses) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(2.6 * columns, 2.1 * rows + 0.6), squeeze=False,
+                                sharex=True, sharey=True, layout="constrained")
+    colours = plt.get_cmap("tab10")
+    for ax, defense in zip(axes.ravel(), defenses):
+        for index, level in enumerate(levels):
+            mine = table[(table["method"] == defense) & (table["heterogeneity"] == level)].sort_values("fraction")
+            if mine.empty:
                 continue
-            low = (rows["worst"] - rows["low"]).where(rows["low"].notna(), 0.0)
-            high = (rows["high"] - rows["worst"]).where(rows["high"].notna(), 0.0)
-            ax.errorbar(rows["fraction"], 100 * rows["worst"], yerr=[100 * low, 100 * high], marker="o",
-                        markersize=3, linewidth=1.2, capsize=2, label=defense, color=colours(index % 20))
-        ax.set(title=level, xlabel="Byzantine fraction", ylim=(0, 100))
+            colour = colours(index % 10)
+            style = "--" if str(mine["status"].iloc[0]) in NO_VERDICT else "-"
+            ax.plot(mine["fraction"], 100 * mine["worst"], style, color=colour, linewidth=1.2,
+                    label=_text(level))
+            low = mine["low"].where(mine["low"].notna(), mine["worst"])
+            high = mine["high"].where(mine["high"].notna(), mine["worst"])
+            ax.fill_between(mine["fraction"], 100 * low, 100 * high, color=colour, alpha=0.15, linewidth=0)
+            open_ = mine["decision"] == UNDECIDED
+            ax.plot(mine["fraction"][~open_], 100 * mine["worst"][~open_], "o", color=colour, markersize=3)
+            ax.plot(mine["fraction"][open_], 100 * mine["worst"][open_], "o", markerfacecolor="white",
+                    color=colour, markersize=3.5)
+        ax.set_title(_text(defense), fontsize=8)
+        ax.set(ylim=(0, 100))
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("worst-case test accuracy (%)")
-    axes[0][-1].legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.0, 0.5))
-    figure.tight_layout()
+        ax.tick_params(labelsize=7)
+    for ax in axes.ravel()[len(defenses):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("worst-case accuracy (%)", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("Byzantine fraction", fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(levels)), fontsize=7)
+    figure.suptitle("Worst case against the fraction (band: interval; open marker: inconclusive; dashed: no "
+                    "verdict)", fontsize=8)
     return figure

@@ -1,31 +1,43 @@
-"""A benchmark's cells: every (heterogeneity level, Byzantine fraction, defense,
-candidate setting, attack, seed), each one run of the grid store
-(:mod:`robust_pfl.grid`), keyed like any grid cell so that cells shared with other
-grids are run once.
+"""A benchmark's combinations and cells: every (defense, candidate setting,
+heterogeneity level, Byzantine fraction, attack), validated once, and its runs, one per
+seed, each a cell of the grid store (:mod:`robust_pfl.grid`) keyed like any grid cell
+so that cells shared with other grids are run once.
 
 Fraction 0 is the clean cell (attack ``none``, no Byzantine client); every other
-fraction runs every attack of the set and every backdoor.  A combination whose config
+fraction runs the attacks of the set and the backdoors.  A combination whose config
 fails validation (Bulyan's ``n >= 4f + 3`` at a large fraction, a loss-forging attack on
-a method that reports no loss, a data attack on a regression task) is *not applicable*:
-listed with its reason, never run, and shown as such in the tables.
+a method that reports no loss) is *not applicable*: listed with its reason, never run,
+and shown as such in the tables.
+
+Which runs are made, and with how many seeds, is not decided here:
+:mod:`robust_pfl.worst_case.allocation` asks for them from the finished ones.  The plan
+knows every applicable combination, so it can build any run asked for and count the
+full factorial the allocation is measured against.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import attacks
-from robust_pfl.config import ConfigError
+from robust_pfl.config import ConfigError, ExperimentConfig
 from robust_pfl.engine.types import BackdoorAttack
-from robust_pfl.grid_file import Grid, GridCell, Resources, grid_cell
-from robust_pfl.worst_case.spec import ALL, BenchmarkSpec
+from robust_pfl.grid_file import Grid, GridCell, Resources, cell_key
+from robust_pfl.worst_case.spec import ALL, BenchmarkSpec, Defense
 
 #: The store's axis columns of a benchmark's cells.
 COLUMNS = ["method", "candidate", "heterogeneity", "fraction", "attack", "seed"]
 #: ``section`` of a cell: the clean cell, a robustness attack, a backdoor.
 CLEAN, ROBUST, BACKDOOR = "clean", "attack", "backdoor"
+#: The attack label of the clean cells.
+NO_ATTACK = "none"
+
+#: ``(method, candidate, heterogeneity, fraction, attack)``: one combination.
+ComboKey = tuple[str, str, str, float, str]
+#: ``(method, heterogeneity, fraction)``: one cell of the worst-case table.
+GroupKey = tuple[str, str, float]
 
 
 @dataclass(frozen=True)
@@ -37,32 +49,97 @@ class AttackEntry:
     section: str
 
 
+@dataclass(frozen=True)
+class Combo:
+    """One applicable combination: its validated config (every seed of the pool), its
+    section and each seed's estimated seconds (:mod:`robust_pfl.costs`)."""
+
+    key: ComboKey
+    section: str
+    config: ExperimentConfig
+    n_clients: int
+    n_byzantine: int
+    rounds: int
+
+
 @dataclass
 class Plan:
-    """A benchmark's cells (grid order), each cell's axes and section, the
-    combinations that are not applicable (axes without seed, and the reason), and the
-    cost estimate of the cells (seconds, a lower bound: :mod:`robust_pfl.costs`)."""
+    """A benchmark's applicable combinations, grouped: per group (defense, level,
+    fraction) its candidates (the reference first), per candidate its attacks and
+    backdoors; the combinations that are not applicable (with the reason); the seed
+    pool; and the cells made so far from it."""
 
     spec: BenchmarkSpec
-    cells: list[GridCell] = field(default_factory=list)
-    sections: dict[str, str] = field(default_factory=dict)
+    combos: dict[ComboKey, Combo] = field(default_factory=dict)
+    candidates: dict[GroupKey, list[str]] = field(default_factory=dict)
+    attacks: dict[tuple[GroupKey, str], list[str]] = field(default_factory=dict)
+    backdoors: dict[tuple[GroupKey, str], list[str]] = field(default_factory=dict)
     not_applicable: list[dict[str, Any]] = field(default_factory=list)
-    estimated_seconds: float = 0.0
+    _cells: dict[tuple[ComboKey, int], GridCell] = field(default_factory=dict)
+    _made: dict[str, ComboKey] = field(default_factory=dict)  # cell key -> its combination
 
-    def grid(self, resources: Resources | None = None) -> Grid:
-        return Grid(self.spec.source, list(COLUMNS), self.cells, resources or Resources())
+    @property
+    def seeds(self) -> list[int]:
+        return self.spec.seeds
+
+    @property
+    def groups(self) -> list[GroupKey]:
+        return list(self.candidates)
+
+    def cell(self, key: ComboKey, seed: int) -> GridCell:
+        """The run of combination ``key`` with ``seed`` (made once, then kept)."""
+        found = self._cells.get((key, seed))
+        if found is None:
+            combo = self.combos[key]
+            config = combo.config.model_copy(update={"seeds": [seed]})
+            axes = dict(zip(COLUMNS, (*key, seed)))
+            found = GridCell(cell_key(config), axes, config.model_dump(), combo.n_clients, combo.n_byzantine,
+                             cell_seconds(combo))
+            self._cells[(key, seed)] = found
+            self._made[found.cell] = key
+        return found
+
+    @property
+    def cells(self) -> list[GridCell]:
+        """The cells made so far, in the order they were asked for."""
+        return list(self._cells.values())
+
+    def combo_of(self, cell: str) -> Combo:
+        """The combination of a cell made from this plan."""
+        return self.combos[self._made[cell]]
+
+    def section(self, cell: str) -> str:
+        """The section of a cell made from this plan."""
+        return self.combo_of(cell).section
+
+    def grid(self, cells: Iterable[GridCell], resources: Resources | None = None) -> Grid:
+        return Grid(self.spec.source, list(COLUMNS), list(cells), resources or Resources())
+
+    def full_factorial(self) -> int:
+        """The runs of every applicable combination with every seed of the pool."""
+        return len(self.combos) * len(self.seeds)
+
+
+def cell_seconds(combo: Combo) -> float:
+    """One run's estimated seconds (:func:`robust_pfl.worst_case.cost.run_seconds`): the
+    weight of its share of a stage's progress ETA."""
+    from robust_pfl.worst_case.cost import run_seconds
+
+    return run_seconds(combo)
 
 
 def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
     """The robustness attacks, then the backdoors, of ``spec`` (module docstring of
-    :mod:`robust_pfl.worst_case.spec`)."""
+    :mod:`robust_pfl.worst_case.spec`), each with ``benchmark.attack_options`` of its
+    name under the options its own table sets."""
     table = spec.benchmark
     excluded = set(table.exclude_attacks)
-    unknown = sorted(excluded - set(attacks.REGISTRY))
+    unknown = sorted((excluded | set(table.attack_options)) - set(attacks.REGISTRY))
     if unknown:
-        raise ConfigError(f"invalid config {spec.source}:\n  benchmark.exclude_attacks: unknown attacks {unknown}")
+        raise ConfigError(f"invalid config {spec.source}:\n  benchmark.exclude_attacks / attack_options: unknown "
+                          f"attacks {unknown}")
     backdoor_names = sorted(n for n, cls in attacks.REGISTRY.items() if issubclass(cls, BackdoorAttack))
-    robust_names = sorted(n for n in attacks.REGISTRY if n not in backdoor_names and n != "none")
+    robust_names = sorted(n for n in attacks.REGISTRY if n not in backdoor_names and n != NO_ATTACK)
     out = []
     for section, chosen, everything in ((ROBUST, table.attacks, robust_names), (BACKDOOR, table.backdoors, backdoor_names)):
         entries = [{"name": n} for n in everything if n not in excluded] if chosen == ALL else chosen
@@ -72,7 +149,8 @@ def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
             if not isinstance(label, str):
                 raise ConfigError(f"invalid config {spec.source}:\n  benchmark.{section}s: every entry needs a "
                                   f"string name, got {entry!r}")
-            out.append(AttackEntry(label, entry, section))
+            defaults = table.attack_options.get(entry.get("name"), {})
+            out.append(AttackEntry(label, {**defaults, **entry}, section))
     labels = [entry.label for entry in out]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
@@ -84,26 +162,44 @@ def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
         if unknown:
             raise ConfigError(f"invalid config {spec.source}:\n  the profile's {section}s: unknown {unknown}; "
                               f"known: {known}")
-    selected = [e for e in out if (e.section == ROBUST and _kept(e, spec.attack_labels))
-                or (e.section == BACKDOOR and _kept(e, spec.backdoor_labels))]
-    return selected
+    return [e for e in out if (e.section == ROBUST and _kept(e, spec.attack_labels))
+            or (e.section == BACKDOOR and _kept(e, spec.backdoor_labels))]
 
 
 def _kept(entry: AttackEntry, labels: list[str] | None) -> bool:
     return labels is None or entry.label in labels
 
 
-def cell_payload(spec: BenchmarkSpec, level: dict[str, Any], fraction: float, method: dict[str, Any],
-                 attack: dict[str, Any]) -> dict[str, Any]:
+def cell_payload(spec: BenchmarkSpec, level: Mapping[str, Any], fraction: float, defense: Defense,
+                 method: Mapping[str, Any], attack: Mapping[str, Any]) -> dict[str, Any]:
     """The run config of one combination, every seed: the file's base, the level's task
-    options, the Byzantine fraction, the attack and the candidate method."""
+    options (and the benchmark's validation split, unless the task or level sets one),
+    the defense's run length, the Byzantine fraction, the attack and the candidate
+    method.  An attacked run evaluates at its start and end only: verdicts read its
+    final metrics, and only the clean runs' curves (convergence)."""
     payload = copy.deepcopy(spec.base)
-    payload["task"] = {**payload.get("task", {}), **{k: v for k, v in level.items() if k != "label"}}
+    task = {**payload.get("task", {}), **{k: v for k, v in level.items() if k != "label"}}
+    if spec.benchmark.validation_per_client is not None:
+        task.setdefault("validation_per_client", spec.benchmark.validation_per_client)
+    payload["task"] = task
+    payload["rounds"] = rounds = spec.rounds_of(defense)
     if fraction > 0:
         payload["byzantine"] = {"fraction": fraction}
-    payload["attack"] = copy.deepcopy(attack)
-    payload["methods"] = [copy.deepcopy(method)]
+        payload["eval_every"] = rounds  # only the clean runs' curves are read (convergence)
+    payload["attack"] = copy.deepcopy(dict(attack))
+    payload["methods"] = [copy.deepcopy(dict(method))]
     return payload
+
+
+def _check_evaluations(spec: BenchmarkSpec) -> None:
+    """The convergence check reads the clean validation accuracy a quarter of the run
+    before its end: every defense's run needs an evaluation there."""
+    every = int(spec.base.get("eval_every", 10))
+    short = [(d.display, spec.rounds_of(d)) for d in spec.defenses if every > spec.rounds_of(d) // 4]
+    if short:
+        raise ConfigError(f"invalid config {spec.source}:\n  eval_every: {every} leaves no evaluation in the last "
+                          f"quarter of the runs of {short} (defense, rounds); at most a quarter of the shortest "
+                          "run, so that whether a clean run still climbs can be read")
 
 
 def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
@@ -117,7 +213,7 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
         for index, defense in enumerate(spec.defenses):
             for candidate, method in defense.candidates(spec.benchmark.tune):
                 try:
-                    parse_and_validate(cell_payload(spec, level, 0.0, method, clean.table), spec.source)
+                    parse_and_validate(cell_payload(spec, level, 0.0, defense, method, clean.table), spec.source)
                 except ConfigError as error:
                     where = f"defenses[{index}] ({defense.display}, {candidate}) at level {level['label']!r}"
                     problems += [f"  {where}: {line.strip()}" for line in str(error).splitlines()[1:]]
@@ -126,36 +222,43 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
 
 
 def build_plan(spec: BenchmarkSpec) -> Plan:
-    """Every cell of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
+    """Every combination of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
     combinations that fail validation are recorded as not applicable."""
-    from robust_pfl.experiments import built, parse_and_validate
+    from robust_pfl.experiments import byzantine_count, client_count, parse_and_validate
 
+    _check_evaluations(spec)
     plan = Plan(spec)
     entries = attack_set(spec)
-    seen: dict[str, dict[str, Any]] = {}
-    clean = AttackEntry("none", {"name": "none"}, CLEAN)
+    seen: dict[str, ComboKey] = {}
+    clean = AttackEntry(NO_ATTACK, {"name": NO_ATTACK}, CLEAN)
     check_clean_runs(spec, clean)
     for level in spec.benchmark.heterogeneity:
         for fraction in spec.benchmark.fractions:
             for defense in spec.defenses:
+                group: GroupKey = (defense.display, level["label"], fraction)
+                plan.candidates[group] = []
                 for candidate, method in defense.candidates(spec.benchmark.tune):
+                    plan.candidates[group].append(candidate)
+                    plan.attacks[(group, candidate)] = []
+                    plan.backdoors[(group, candidate)] = []
                     for entry in ([clean] if fraction == 0 else entries):
-                        axes = {"method": defense.display, "candidate": candidate, "heterogeneity": level["label"],
-                                "fraction": fraction, "attack": entry.label}
-                        payload = cell_payload(spec, level, fraction, method, entry.table)
+                        key: ComboKey = (defense.display, candidate, level["label"], fraction, entry.label)
+                        payload = cell_payload(spec, level, fraction, defense, method, entry.table)
                         try:
                             config = parse_and_validate(payload, spec.source)
                         except ConfigError as error:
                             reason = " ".join(str(error).splitlines()[1:]).strip() or str(error)
-                            plan.not_applicable.append({**axes, "section": entry.section, "reason": reason})
+                            plan.not_applicable.append({**dict(zip(COLUMNS, key)), "section": entry.section,
+                                                        "reason": reason})
                             continue
-                        plan.estimated_seconds += built(config).seconds
-                        for seed in config.seeds:
-                            cell = grid_cell(config.model_copy(update={"seeds": [seed]}), {**axes, "seed": seed})
-                            if cell.cell in seen:
-                                raise ConfigError(f"invalid config {spec.source}:\n  {axes} runs the same cell as "
-                                                  f"{seen[cell.cell]}; combinations must differ")
-                            seen[cell.cell] = axes
-                            plan.cells.append(cell)
-                            plan.sections[cell.cell] = entry.section
+                        identity = cell_key(config)
+                        if identity in seen:
+                            raise ConfigError(f"invalid config {spec.source}:\n  {dict(zip(COLUMNS, key))} runs the "
+                                              f"same cells as {dict(zip(COLUMNS, seen[identity]))}; combinations "
+                                              "must differ")
+                        seen[identity] = key
+                        plan.combos[key] = Combo(key, entry.section, config, client_count(config),
+                                                 byzantine_count(config), config.rounds)
+                        (plan.backdoors if entry.section == BACKDOOR else plan.attacks)[(group, candidate)].append(
+                            entry.label)
     return plan

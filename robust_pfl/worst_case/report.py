@@ -8,9 +8,15 @@ from typing import Any, Sequence
 import pandas as pd
 
 from robust_pfl.summaries import render_cells
-from robust_pfl.worst_case.analysis import INTERVAL
+from robust_pfl.worst_case.allocation import Rule
+from robust_pfl.worst_case.analysis import (
+    BREAKS, HOLDS, NOT_CONVERGED, OPEN, REFERENCE, UNDECIDED, VACUOUS, interval_text)
 
 FORMATS = ("md", "latex", "csv")
+#: How a cell's decision and a defense's status are marked in the tables.
+DECISION_MARK = {HOLDS: "holds", BREAKS: "breaks", UNDECIDED: "inconclusive"}
+STATUS_MARK = {REFERENCE: "reference: no verdict", NOT_CONVERGED: "not converged: no verdict",
+               VACUOUS: "vacuous: no verdict"}
 
 
 def percent(value: float) -> str:
@@ -30,17 +36,24 @@ def fraction_text(fraction: float) -> str:
     return f"{fraction:g}"
 
 
+def _status_of(table: pd.DataFrame, defense: str, level: str) -> str:
+    mine = table[(table["method"] == defense) & (table["heterogeneity"] == level)]
+    return str(mine["status"].iloc[0]) if len(mine) else ""
+
+
 def worst_case_cells(table: pd.DataFrame, level: str, fractions: Sequence[float], defenses: Sequence[str],
                      not_applicable: pd.DataFrame) -> tuple[list[str], list[list[str]], list[str]]:
-    """The worst-case table of one heterogeneity level: a row per defense, a column per
-    fraction (fraction 0: the clean accuracy), each cell ``mean [interval] (worst
-    attack)``; ``n/a`` where no attack could run."""
+    """The worst-case table of one heterogeneity level: a row per defense (marked when
+    it gets no verdict), a column per fraction (fraction 0: the clean accuracy), each
+    cell ``mean [interval] worst attack, decision``; ``n/a`` where no attack could
+    run."""
     header = ["defense", *(f"f = {fraction_text(f)}" for f in fractions), "worst cluster (max f)"]
     rows = []
     rows_of = table[table["heterogeneity"] == level]
     for defense in defenses:
         mine = rows_of[rows_of["method"] == defense]
-        cells = [defense]
+        status = _status_of(table, defense, level)
+        cells = [defense + (f" ({STATUS_MARK[status]})" if status in STATUS_MARK else "")]
         for fraction in fractions:
             row = mine[mine["fraction"] == fraction]
             if row.empty:
@@ -51,7 +64,10 @@ def worst_case_cells(table: pd.DataFrame, level: str, fractions: Sequence[float]
                 continue
             row = row.iloc[0]
             text = with_interval(row["worst"], row["low"], row["high"])
-            cells.append(text if fraction == 0 else f"{text} ({row['worst_attack']})")
+            if fraction > 0:
+                mark = DECISION_MARK.get(row["decision"], "") if status == OPEN else ""
+                text += f" {row['worst_attack']}" + (f", {mark}" if mark else "")
+            cells.append(text)
         last = mine.sort_values("fraction").iloc[-1] if len(mine) else None
         cells.append("–" if last is None else f"{percent(last['worst_cluster'])} (f = {fraction_text(last['fraction'])})")
         rows.append(cells)
@@ -59,15 +75,18 @@ def worst_case_cells(table: pd.DataFrame, level: str, fractions: Sequence[float]
 
 
 def render_worst_case(table: pd.DataFrame, fractions: Sequence[float], levels: Sequence[str],
-                      defenses: Sequence[str], not_applicable: pd.DataFrame, fmt: str = "md") -> str:
+                      defenses: Sequence[str], not_applicable: pd.DataFrame, rule: Rule | None = None,
+                      fmt: str = "md") -> str:
     """Every level's worst-case table in ``fmt`` (``csv``: the frame itself)."""
     if fmt == "csv":
         return table.to_csv(index=False)
     parts = []
+    interval = interval_text(rule) if rule is not None else "interval over seeds"
     for level in levels:
         header, rows, align = worst_case_cells(table, level, fractions, defenses, not_applicable)
-        notes = [f"heterogeneity: {level}; test accuracy (%) under the worst attack, {INTERVAL}; "
-                 "f = 0: clean accuracy; n/a: no attack could run (see the not-applicable list)"]
+        notes = [f"heterogeneity: {level}; test accuracy (%) under the worst attack, {interval}; f = 0: clean "
+                 "accuracy; holds / breaks / inconclusive: the cell's decision (the drop from clean, paired by seed, "
+                 "against the tolerance); n/a: no attack could run (see the not-applicable list)"]
         if fmt == "md":
             parts.append(f"**{level}**\n\n" + render_cells(header, rows, align, notes, fmt))
         else:
@@ -76,13 +95,11 @@ def render_worst_case(table: pd.DataFrame, fractions: Sequence[float], levels: S
 
 
 def breakdown_cells(breakdown: pd.DataFrame) -> tuple[list[str], list[list[str]], list[str]]:
-    header = ["defense", "heterogeneity", "holds up to f", "breaks at f", "why"]
-    rows = [[row.method, row.heterogeneity,
-             "none" if not math.isfinite(row.holds_up_to) else fraction_text(row.holds_up_to),
-             "never (in the fractions run)" if not math.isfinite(row.breaks_at) else fraction_text(row.breaks_at),
-             ("no verdict: clean accuracy near chance; " if row.vacuous else "") + (row.why or "–")]
-            for row in breakdown.itertuples()]
-    return header, rows, ["l", "l", "r", "r", "l"]
+    header = ["defense", "heterogeneity", "verdict", "clean (%)", "tolerance (points)", "climb, last quarter",
+              "why"]
+    rows = [[row.method, row.heterogeneity, row.verdict, percent(row.clean), percent(row.tolerance),
+             percent(row.climb), row.why or "–"] for row in breakdown.itertuples()]
+    return header, rows, ["l", "l", "l", "r", "r", "r", "l"]
 
 
 def backdoor_cells(backdoors: pd.DataFrame) -> tuple[list[str], list[list[str]], list[str]]:
@@ -102,101 +119,114 @@ def best_cells(best: pd.DataFrame, fractions: Sequence[float], levels: Sequence[
         cells = [level]
         for fraction in fractions:
             row = mine[mine["fraction"] == fraction]
-            cells.append("–" if row.empty or row.iloc[0]["best"] is None
-                         else f"{row.iloc[0]['best']} ({percent(row.iloc[0]['worst'])})")
+            if row.empty or row.iloc[0]["best"] is None:
+                cells.append("–")
+                continue
+            row = row.iloc[0]
+            notes = ["separated" if row["separated"] else f"not separated from {row['runner_up']}"]
+            if row["status"] in STATUS_MARK:
+                notes.append(row["status"])
+            cells.append(f"{row['best']} ({percent(row['worst'])}; {'; '.join(notes)})")
         rows.append(cells)
     return header, rows, ["l", *("l" * len(fractions))]
 
 
-def statements(breakdown: pd.DataFrame, table: pd.DataFrame, tolerance: float) -> list[str]:
-    """One sentence per defense and level, restating its breakdown from the numbers."""
+def statements(breakdown: pd.DataFrame, table: pd.DataFrame) -> list[str]:
+    """One sentence per defense and level, restating its verdict from the numbers."""
     out = []
     for row in breakdown.itertuples():
         mine = table[(table["method"] == row.method) & (table["heterogeneity"] == row.heterogeneity)]
-        if not math.isfinite(row.holds_up_to):
-            first = mine.sort_values("fraction")
-            out.append(f"**{row.method}** ({row.heterogeneity}): does not hold at any fraction ({row.why} "
-                       f"at f = {fraction_text(row.breaks_at)}"
-                       + (f": {percent(first.iloc[-1]['worst'])}%" if len(first) else "") + ").")
+        where = f"**{row.method}** ({row.heterogeneity})"
+        if row.status in STATUS_MARK:
+            out.append(f"{where}: {row.verdict} (clean {percent(row.clean)}%).")
             continue
-        if row.vacuous:
-            out.append(f"**{row.method}** ({row.heterogeneity}): no verdict: its clean accuracy "
-                       f"({percent(mine['clean'].iloc[0])}%) is within {tolerance:g} points of chance, so staying "
-                       "near it under attack says nothing.")
-            continue
-        at = mine[mine["fraction"] == row.holds_up_to]
-        worst = percent(at.iloc[0]["worst"]) if len(at) else "–"
-        if row.holds_up_to == 0 and math.isfinite(row.breaks_at):
-            broke = mine[mine["fraction"] == row.breaks_at]
-            out.append(f"**{row.method}** ({row.heterogeneity}): holds at no Byzantine fraction run: at "
-                       f"f = {fraction_text(row.breaks_at)} its worst case is "
-                       + (f"{percent(broke.iloc[0]['worst'])}% ({broke.iloc[0]['worst_attack']})"
-                          if len(broke) else f"not run ({row.why})")
-                       + f", against {percent(at.iloc[0]['clean']) if len(at) else '–'}% clean.")
-            continue
-        text = (f"**{row.method}** ({row.heterogeneity}): within {tolerance:g} points of its clean accuracy "
-                f"({percent(at.iloc[0]['clean']) if len(at) else '–'}%) under every attack up to "
-                f"f = {fraction_text(row.holds_up_to)} (worst case there {worst}%)")
+        text = f"{where}: {row.verdict}"
         if math.isfinite(row.breaks_at):
             broke = mine[mine["fraction"] == row.breaks_at]
-            text += (f"; breaks at f = {fraction_text(row.breaks_at)}"
-                     + (f" ({percent(broke.iloc[0]['worst'])}% under {broke.iloc[0]['worst_attack']})"
-                        if len(broke) else f" ({row.why})"))
-        out.append(text + ".")
+            text += (f": worst case {percent(broke.iloc[0]['worst'])}% under {broke.iloc[0]['worst_attack']} "
+                     f"against {percent(row.clean)}% clean" if len(broke) else f" ({row.why})")
+        elif math.isfinite(row.inconclusive_at):
+            text += f" ({row.why})"
+        else:
+            at = mine[mine["fraction"] == row.holds_up_to]
+            text += (f": worst case there {percent(at.iloc[0]['worst'])}% against {percent(row.clean)}% clean"
+                     if len(at) else "")
+        out.append(text + f"; tolerance {percent(row.tolerance)} points.")
     return out
+
+
+def share_decided(breakdown: pd.DataFrame) -> tuple[int, int, int]:
+    """``(decided, inconclusive, without verdict)`` counts of (defense, level) rows."""
+    decided = int(breakdown["decided"].sum())
+    undecided = int((breakdown["status"] == "inconclusive").sum())
+    return decided, undecided, len(breakdown) - decided - undecided
 
 
 def page(result: Any, figures: dict[str, str]) -> str:
     """The results page of a finished benchmark (``result``: a
     :class:`~robust_pfl.worst_case.runner.BenchmarkResult`), ``figures`` the relative
     paths of its figures."""
-    spec, summary = result.spec, result.summary
+    spec, summary, rule = result.spec, result.summary, result.rule
     table, levels = result.table, [level["label"] for level in spec.benchmark.heterogeneity]
     fractions, defenses = spec.benchmark.fractions, [d.display for d in spec.defenses]
     prov = summary["provenance"]
+    decided, undecided, none = share_decided(result.breakdown)
+    rounds = sorted({spec.rounds_of(d) for d in spec.defenses})
     lines = [
         f"# Worst-case benchmark: {summary['name']}",
         "",
         f"*Produced by `{summary['command']}` at commit `{prov.get('git_commit') or 'unknown'}` on "
         f"{prov.get('machine', 'this machine')} ({prov.get('torch', '')}, {summary['device']}); "
-        f"{summary['cells']} cells ({summary['ran']} run now, {summary['skipped']} finished before, "
-        f"{summary['errors']} errored), {summary['not_applicable']} combinations not applicable; "
-        f"wall time of this call {summary['seconds']:.0f} s.*",
+        f"{summary['cells']} runs ({summary['ran']} run now in {summary['stages']} stages, {summary['skipped']} "
+        f"finished before, {summary['errors']} errored) of the {summary['full_factorial']} of the full factorial; "
+        f"{summary['not_applicable']} combinations not applicable; wall time of this call {summary['seconds']:.0f} s.*",
         "",
         "## What ran",
         "",
         f"- Profile: {summary['profile']}.",
-        f"- Defenses: {', '.join(defenses)}.",
+        f"- Defenses (rounds): {', '.join(f'{d.display} ({spec.rounds_of(d)})' for d in spec.defenses)}.",
         f"- Attacks ({len(summary['attacks'])}): {', '.join(summary['attacks']) or 'none'}; backdoors "
         f"({len(summary['backdoors'])}): {', '.join(summary['backdoors']) or 'none'}.",
         f"- Byzantine fractions (of all clients): {', '.join(fraction_text(f) for f in fractions)}; "
-        f"heterogeneity levels: {', '.join(levels)}; seeds: {spec.seeds}; {spec.base.get('rounds', 100)} rounds.",
+        f"heterogeneity levels: {', '.join(levels)}; seed pool {spec.seeds} ({rule.first} to start); rounds "
+        f"{', '.join(map(str, rounds))}.",
         f"- Tuning: {summary['tuning']}.",
-        f"- Cells: mean over seeds of the honest clients' final test accuracy; {INTERVAL}.",
-        f"- Cost: {summary['per_cell']}",
+        f"- Allocation: attacks {'and candidates raced' if rule.racing else 'not raced (full factorial)'}; seeds "
+        "added to open verdicts (docs/benchmark.md, \"How runs are allocated\").",
+        f"- Verdicts: tolerance {spec.benchmark.tolerance.text()}; {interval_text(rule)}; a clean run still "
+        f"climbing more than {spec.benchmark.plateau:g} points over its last quarter gets no verdict.",
+        f"- Cost: {summary['per_cell']} Estimated before the run: {summary['estimate']}.",
         "",
         "## What it shows",
         "",
-        *(f"- {sentence}" for sentence in statements(result.breakdown, table, spec.benchmark.tolerance)),
+        f"Of the {len(result.breakdown)} (defense, level) pairs, {decided} have a decided verdict, {undecided} are "
+        f"inconclusive and {none} get no verdict (reference, not converged or vacuous).",
+        "",
+        *(f"- {sentence}" for sentence in statements(result.breakdown, table)),
         "",
         "## Worst-case test accuracy",
         "",
-        render_worst_case(table, fractions, levels, defenses, result.not_applicable, "md"),
+        render_worst_case(table, fractions, levels, defenses, result.not_applicable, rule, "md"),
     ]
     for name, path in figures.items():
         lines += [f"![{name}]({path})", ""]
     header, rows, align = breakdown_cells(result.breakdown)
-    lines += ["## Breakdown", "", render_cells(header, rows, align,
-              [f"holds: worst case within {spec.benchmark.tolerance:g} points of clean at every fraction up to "
-               "this one; breaks: the first fraction where it is not (or the defense cannot run there)"], "md")]
+    lines += ["## Verdicts", "", render_cells(header, rows, align,
+              [f"holds up to f: the drop's interval at or below the tolerance at every fraction up to f; breaks at "
+               "f: its interval above the tolerance at f (or the defense cannot run there), every fraction below "
+               "holding; inconclusive at f: the first fraction whose interval crosses the tolerance"], "md")]
     header, rows, align = best_cells(result.best, fractions, levels)
     lines += ["## Best defense per cell", "", render_cells(header, rows, align,
-              ["the defense of highest worst-case accuracy (its accuracy, %)"], "md")]
+              ["the defense of highest worst-case mean (its accuracy, %); separated: its interval lies above the "
+               "runner-up's"], "md")]
     if len(result.backdoors):
         header, rows, align = backdoor_cells(result.backdoors)
         lines += ["## Backdoors", "", render_cells(header, rows, align,
                   ["attack success rate (%): honest clients' triggered non-target test images classified as the "
-                   f"target; the highest over the backdoors, {INTERVAL}"], "md")]
+                   f"target; the highest over the backdoors at the chosen setting, {interval_text(rule)}"], "md")]
+    extra = summary.get("theorem")
+    if extra:
+        lines += ["## Breaks read against the threshold-clustering theorem", "", extra, ""]
     if len(result.not_applicable):
         counts = (result.not_applicable.groupby(["method", "attack"], sort=False)["reason"].first().reset_index())
         lines += ["## Not applicable", "", "Combinations whose config fails validation; never run:", ""]

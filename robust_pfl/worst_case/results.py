@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from robust_pfl.summaries import ResultsError
+from robust_pfl.worst_case.allocation import Rule
 from robust_pfl.worst_case.report import render_worst_case
 from robust_pfl.worst_case.runner import RECORD
 
@@ -28,4 +29,7 @@ def worst_case_text(path: str | Path, fmt: str = "md") -> str:
         skipped = pd.read_csv(path / "not_applicable.csv")
     except (OSError, ValueError) as error:
         raise ResultsError(f"{path}: not a finished benchmark's output ({error})") from None
-    return render_worst_case(table, record["fractions"], record["heterogeneity"], record["defenses"], skipped, fmt)
+    rule = record.get("rule")
+    rule = None if rule is None else Rule(tuple(rule["seeds"]), rule["initial"], rule["racing"], rule["confidence"])
+    return render_worst_case(table, record["fractions"], record["heterogeneity"], record["defenses"], skipped, rule,
+                             fmt)

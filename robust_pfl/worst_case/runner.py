@@ -1,11 +1,11 @@
-"""``robust-pfl benchmark``: plan a benchmark's cells, run them into the grid store
-(resumable after a kill, local pool or Ray, cells shared with other grids), then
-tune, take the worst case and write the tables, figures and page."""
+"""``robust-pfl benchmark``: plan a benchmark's combinations, run the runs the
+allocation asks for, stage after stage, into the grid store (resumable after a kill,
+local pool or Ray, cells shared with other grids), then judge, and write the tables,
+figures and page."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,29 +14,32 @@ from typing import Any, Callable, Mapping
 
 import pandas as pd
 
-from robust_pfl.backends import Backend
+from robust_pfl.backends import Backend, LocalBackend
 from robust_pfl.costs import readable_duration
-from robust_pfl.grid import grid_results, run_grid
-from robust_pfl.grid_file import Resources
 from robust_pfl.engine.results import close_figure, json_safe, png_writer, write_files
-from robust_pfl.worst_case import analysis, figures, report
-from robust_pfl.worst_case.plan import BACKDOOR, COLUMNS, Plan, attack_set, build_plan
+from robust_pfl.grid import grid_results, run_grid
+from robust_pfl.grid_file import GridCell, Resources
+from robust_pfl.worst_case import analysis, cost, figures, report
+from robust_pfl.worst_case.allocation import Allocation, Rule, Runs, allocate
+from robust_pfl.worst_case.analysis import Judge
+from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, Plan, attack_set, build_plan
 from robust_pfl.worst_case.spec import BenchmarkSpec, load_benchmark, parse_benchmark
 
 #: The final metrics a benchmark reads from each cell.
-METRICS = ("test_accuracy", "validation_accuracy", "worst_cluster_test_accuracy", "attack_success_rate",
-           "nonfinite_models")
+METRICS = ("test_accuracy", "validation_accuracy", "validation_loss", "worst_cluster_test_accuracy",
+           "attack_success_rate", "nonfinite_models")
 RECORD = "benchmark.json"
 
 
 @dataclass
 class BenchmarkResult:
-    """A finished benchmark: its spec and plan, the per-cell finals, the tuned choices
-    and the tables of :mod:`robust_pfl.worst_case.analysis`, the summary and the files
-    written."""
+    """A finished benchmark: its spec, plan and allocation, the finished runs'
+    finals, the tables of :mod:`robust_pfl.worst_case.analysis`, the summary and the
+    files written."""
 
     spec: BenchmarkSpec
     plan: Plan
+    allocation: Allocation
     finals: pd.DataFrame
     chosen: pd.DataFrame
     table: pd.DataFrame
@@ -44,27 +47,35 @@ class BenchmarkResult:
     backdoors: pd.DataFrame
     best: pd.DataFrame
     not_applicable: pd.DataFrame
+    rule: Rule
     summary: dict[str, Any] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
 
 
-def finals_frame(out: Path, plan: Plan) -> pd.DataFrame:
-    """One row per finished cell of ``plan`` in ``out``'s store: the plan's axes (a
-    cell shared with another grid keeps this benchmark's labels), ``section``,
-    ``n_byzantine``, ``cell_seconds`` and the final :data:`METRICS`."""
+def finals_frame(out: Path, plan: Plan, cells: list[GridCell]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The finished ``cells`` of ``out``'s store: one row per cell (the plan's axes, a
+    cell shared with another grid keeping this benchmark's labels; ``section``,
+    ``n_byzantine``, ``cell_seconds`` and the final :data:`METRICS`), and the clean
+    runs' validation-accuracy curves (axes, ``round``, ``value``)."""
     columns = ["cell", *COLUMNS, "section", "n_byzantine", "cell_seconds", *METRICS]
-    if not plan.cells:
-        return pd.DataFrame(columns=columns)
-    rows = grid_results(out, plan.grid())
+    curve_columns = [*COLUMNS, "round", "value"]
+    if not cells or not (out / "results.csv").exists():
+        return pd.DataFrame(columns=columns), pd.DataFrame(columns=curve_columns)
+    rows = grid_results(out, plan.grid(cells))
+    axes = pd.DataFrame([{"cell": c.cell, **c.axes, "section": plan.section(c.cell), "n_byzantine": c.n_byzantine}
+                         for c in cells])
     final = rows[rows["final"].astype(str) == "True"]
     values = final.pivot_table(index="cell", columns="metric", values="value", aggfunc="first")
-    axes = pd.DataFrame([{"cell": c.cell, **c.axes, "section": plan.sections[c.cell], "n_byzantine": c.n_byzantine}
-                         for c in plan.cells])
     frame = axes.merge(values.reset_index(), on="cell", how="inner")
     for metric in [*METRICS, "cell_seconds"]:
         frame[metric] = pd.to_numeric(frame[metric], errors="coerce") if metric in frame else float("nan")
     frame["fraction"] = frame["fraction"].astype(float)
-    return frame[columns]
+    clean = axes[axes["section"] == CLEAN][["cell", *COLUMNS]]
+    curves = rows[rows["metric"] == "validation_accuracy"][["cell", "round", "value"]]
+    curves = clean.merge(curves, on="cell", how="inner")[curve_columns]
+    curves = curves.assign(value=pd.to_numeric(curves["value"], errors="coerce"),
+                           fraction=curves["fraction"].astype(float))
+    return frame[columns], curves
 
 
 def chance_accuracy(spec: BenchmarkSpec) -> float:
@@ -75,16 +86,38 @@ def chance_accuracy(spec: BenchmarkSpec) -> float:
     return 1.0 / load_dataset(task.get("dataset", "digits"), task.get("data_dir")).num_classes
 
 
-def analyse(spec: BenchmarkSpec, plan: Plan, finals: pd.DataFrame) -> BenchmarkResult:
-    """Tune, take the worst case, find the breakdowns and the best defenses."""
-    chosen = analysis.tune(finals)
-    table = analysis.worst_case(finals, chosen)
+def rule_of(spec: BenchmarkSpec) -> Rule:
+    table = spec.benchmark
+    return Rule(tuple(spec.seeds), table.initial_seeds, table.racing, table.confidence)
+
+
+def judge_of(spec: BenchmarkSpec) -> Judge:
+    table = spec.benchmark
+    return Judge(table.tolerance, chance_accuracy(spec), table.plateau / 100, rule_of(spec),
+                 frozenset(d.display for d in spec.defenses if d.name == "local"),
+                 {d.display: spec.rounds_of(d) for d in spec.defenses})
+
+
+def judged(spec: BenchmarkSpec, plan: Plan, runs: Runs) -> Allocation:
+    """The allocation of ``plan`` given the finished ``runs``."""
+    judge = judge_of(spec)
+    return allocate(runs, plan, judge.rule, lambda states, done: analysis.wants_seed(done, states, judge))
+
+
+def analyse(spec: BenchmarkSpec, plan: Plan, finals: pd.DataFrame, curves: pd.DataFrame) -> BenchmarkResult:
+    """Allocate (the choices and sets the finished runs give), judge and tabulate."""
+    runs = Runs.from_frames(finals, curves)
+    allocation = judged(spec, plan, runs)
+    judge = judge_of(spec)
+    states = allocation.cells
+    table = analysis.worst_case_table(runs, plan, states, judge)
     return BenchmarkResult(
-        spec, plan, finals, chosen, table,
-        analysis.breakdown(table, spec.benchmark.fractions, spec.benchmark.tolerance, chance_accuracy(spec)),
-        analysis.backdoor_worst_case(finals, chosen),
+        spec, plan, allocation, finals, analysis.tuning_table(plan, states), table,
+        analysis.breakdown(runs, states, judge, spec.benchmark.fractions),
+        analysis.backdoor_worst_case(runs, plan, states, judge.rule),
         analysis.best_defense(table),
         pd.DataFrame(plan.not_applicable, columns=[*COLUMNS[:-1], "section", "reason"]),
+        judge.rule,
     )
 
 
@@ -93,38 +126,12 @@ def _profile(quick: bool, subset: str | None, tune: bool) -> str:
     return name + ("" if tune else "; not tuned (the file's values)")
 
 
-def _cost_text(finals: pd.DataFrame, spec: BenchmarkSpec, full: BenchmarkSpec) -> str:
-    """The measured seconds per cell and the full file's extrapolation."""
-    seconds = finals["cell_seconds"].dropna()
-    if seconds.empty:
-        return "no cell finished."
-    per_cell = float(seconds.mean())
-    rounds, full_rounds = spec.base.get("rounds", 100), full.base.get("rounds", 100)
-    count = full_cell_count(full)
-    extrapolated = count * per_cell * full_rounds / rounds
-    workers = os.cpu_count() or 1
-    return (f"{per_cell:.2f} s per cell on one worker (mean of {len(seconds)} cells, {rounds} rounds; "
-            f"{readable_duration(float(seconds.sum()))} of compute in all); the full file has at most {count} "
-            f"cells at {full_rounds} rounds, about {readable_duration(extrapolated)} of one worker, "
-            f"{readable_duration(extrapolated / workers)} with --jobs {workers} on this machine "
-            "(measured per cell x cells x round ratio).")
-
-
-def full_cell_count(spec: BenchmarkSpec) -> int:
-    """An upper bound on the cells of the unnarrowed file (not-applicable combinations
-    are only known after validating each)."""
-    attacks = len(attack_set(spec))
-    fractions = spec.benchmark.fractions
-    per_candidate = sum(1 if f == 0 else attacks for f in fractions)
-    candidates = sum(len(d.candidates(spec.benchmark.tune)) for d in spec.defenses)
-    return len(spec.benchmark.heterogeneity) * candidates * per_candidate * len(spec.seeds)
-
-
 def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = None) -> list[Path]:
     """Write the tables (``worst_case.csv``/``.md``/``.tex``, ``breakdown.csv``,
     ``backdoors.csv``, ``best_defense.csv``, ``tuning.csv``, ``not_applicable.csv``), the
-    figures, ``report.md`` and :data:`RECORD` into ``out``; with ``page_path`` also the
-    page there and its figures beside it (``<stem>_<figure>.png``)."""
+    figures (PNG at 300 dpi and PDF), ``report.md`` and :data:`RECORD` into ``out``; with
+    ``page_path`` also the page there and its figures beside it
+    (``<stem>_<figure>.png``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,15 +144,15 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
         drawn = {
             "worst-case heatmaps": figures.heatmaps_figure(result.table, defenses, levels, fractions),
             "best defense per cell": figures.best_figure(result.best, levels, fractions),
-            "worst case against the fraction": figures.lines_figure(result.table, defenses, levels),
+            "worst case against the fraction": figures.lines_figure(result.table, defenses, levels, fractions),
         }
     try:
         files: dict[str, Any] = {
             "worst_case.csv": result.table.to_csv(index=False),
             "worst_case.md": report.render_worst_case(result.table, fractions, levels, defenses,
-                                                      result.not_applicable, "md"),
+                                                      result.not_applicable, result.rule, "md"),
             "worst_case.tex": report.render_worst_case(result.table, fractions, levels, defenses,
-                                                       result.not_applicable, "latex"),
+                                                       result.not_applicable, result.rule, "latex"),
             "breakdown.csv": result.breakdown.to_csv(index=False),
             "backdoors.csv": result.backdoors.to_csv(index=False),
             "best_defense.csv": result.best.to_csv(index=False),
@@ -154,15 +161,21 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
             "report.md": report.page(result, {name: figures.FIGURES[name] for name in drawn}),
             RECORD: json.dumps(json_safe(record(result)), indent=1, allow_nan=False) + "\n",
         }
-        files.update({figures.FIGURES[name]: png_writer(figure) for name, figure in drawn.items()})
+        for name, figure in drawn.items():
+            stem = figures.FIGURES[name]
+            files[stem] = png_writer(figure, dpi=figures.DPI)
+            files[stem.replace(".png", ".pdf")] = figures.pdf_writer(figure)
         write_files(out, files)
         written = [out / name for name in files]
         if page_path is not None:
             page_path.parent.mkdir(parents=True, exist_ok=True)
             beside = {name: f"{page_path.stem}_{figures.FIGURES[name]}" for name in drawn}
-            write_files(page_path.parent, {**{beside[n]: png_writer(f) for n, f in drawn.items()},
-                                           page_path.name: report.page(result, beside)})
-            written += [page_path, *(page_path.parent / path for path in beside.values())]
+            page_files: dict[str, Any] = {page_path.name: report.page(result, beside)}
+            for name, figure in drawn.items():
+                page_files[beside[name]] = png_writer(figure, dpi=figures.DPI)
+                page_files[beside[name].replace(".png", ".pdf")] = figures.pdf_writer(figure)
+            write_files(page_path.parent, page_files)
+            written += [page_path.parent / path for path in page_files]
     finally:
         for figure in drawn.values():
             close_figure(figure)
@@ -170,73 +183,114 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
 
 
 def record(result: BenchmarkResult) -> dict[str, Any]:
-    """What ``robust-pfl results`` reads back: the axes in order, the tolerance and the
-    summary."""
+    """What ``robust-pfl results`` reads back: the axes in order, the tolerance, the
+    interval's rule and the summary."""
     spec = result.spec
     return {
         "fractions": spec.benchmark.fractions,
         "heterogeneity": [level["label"] for level in spec.benchmark.heterogeneity],
         "defenses": [d.display for d in spec.defenses],
-        "tolerance": spec.benchmark.tolerance,
+        "tolerance": spec.benchmark.tolerance.model_dump(),
+        "rule": {"seeds": list(result.rule.seeds), "initial": result.rule.initial, "racing": result.rule.racing,
+                 "confidence": result.rule.confidence},
         "summary": result.summary,
     }
+
+
+def _load(source: str | Path | Mapping[str, Any], quick: bool, subset: str | None, tune: bool | None,
+          device: str | None) -> tuple[BenchmarkSpec, BenchmarkSpec]:
+    """The spec to run and the file's full spec."""
+    if isinstance(source, Mapping):
+        data = dict(source)
+        if device is not None:
+            data["device"] = device
+        return parse_benchmark(data, "<benchmark>", None, quick, subset, tune), parse_benchmark(data, "<benchmark>", None)
+    spec = load_benchmark(source, quick, subset, tune)
+    if device is not None:
+        spec = spec.model_copy(update={"base": {**spec.base, "device": device}})
+    return spec, load_benchmark(source)
 
 
 def run_benchmark(
     source: str | Path | Mapping[str, Any], out: str | Path, *, quick: bool = False, subset: str | None = None,
     tune: bool | None = None, backend: Backend | None = None, device: str | None = None,
     progress: bool | None = None, page: str | Path | None = None, say: Callable[[str], None] | None = None,
-    command: str | None = None, resources: Resources | None = None,
+    command: str | None = None, resources: Resources | None = None, workers: int = 1,
 ) -> BenchmarkResult:
     """Run the benchmark ``source`` (a file path or its parsed mapping) into ``out``.
 
     ``quick``/``subset`` select the file's profiles, ``tune = False`` keeps the file's
     values, ``device`` replaces every cell's; ``backend`` runs the cells (default one
-    after another here); ``page`` also writes the results page there; ``say`` gets the
-    plan and cost lines before any work (default: standard error).
+    after another here; ``workers``: how many cells it runs at once, for the estimate);
+    ``page`` also writes the results page there; ``say`` gets the plan, cost and stage
+    lines (default: standard error).
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     start = time.perf_counter()
-    if isinstance(source, Mapping):
-        data = dict(source)
-        if device is not None:
-            data["device"] = device
-        spec = parse_benchmark(data, "<benchmark>", None, quick, subset, tune)
-        full = parse_benchmark(data, "<benchmark>", None)
-    else:
-        spec = load_benchmark(source, quick, subset, tune)
-        full = load_benchmark(source)
-        if device is not None:
-            spec = spec.model_copy(update={"base": {**spec.base, "device": device}})
+    spec, full = _load(source, quick, subset, tune, device)
     plan = build_plan(spec)
-    say(f"benchmark {spec.source}: {len(plan.cells)} cells, {len(plan.not_applicable)} combinations not "
-        f"applicable; estimated at least {readable_duration(plan.estimated_seconds)} of compute "
-        "(robust_pfl.costs' lower bound)")
     out = Path(out)
-    grid_summary = run_grid(plan.grid(resources), out, backend, progress)
-    finals = finals_frame(out, plan)
-    result = analyse(spec, plan, finals)
+    estimate = cost.estimate(plan, rule_of(spec))
+    say(f"benchmark {spec.source}: {len(plan.combos)} combinations ({plan.full_factorial()} runs with every seed), "
+        f"{len(plan.not_applicable)} not applicable; {estimate.text(workers)}")
+    owned = backend is None
+    backend = backend or LocalBackend()
+    totals = {"ran": 0, "skipped": 0, "errors": 0, "stages": 0}
+    errored: dict[str, str] = {}
+    provenance: dict[str, Any] = {}
+    try:
+        while True:
+            finals, curves = finals_frame(out, plan, plan.cells)
+            allocation = judged(spec, plan, Runs.from_frames(finals, curves))
+            wanted = [plan.cell(key, seed) for key, seed in allocation.requests]
+            todo = [cell for cell in wanted if cell.cell not in errored]
+            if not todo:
+                break
+            totals["stages"] += 1
+            say(f"stage {totals['stages']}: {len(todo)} runs (estimated {readable_duration(cost.seconds(todo, plan))} "
+                "of compute)")
+            summary = run_grid(plan.grid(todo, resources), out, backend, progress)
+            totals["ran"] += summary["ran"]
+            totals["skipped"] += summary["skipped"]
+            totals["errors"] += summary["errors"]
+            errored.update(summary["errored"])
+            provenance = summary["provenance"]
+    finally:
+        if owned:
+            backend.close()
+    result = analyse(spec, plan, finals, curves)
     entries = attack_set(spec)
-    profile_tune = spec.benchmark.tune
+    seconds = time.perf_counter() - start
+    measured = float(finals["cell_seconds"].sum()) if len(finals) else 0.0
     result.summary = {
         "name": Path(spec.source).stem,
         "command": command or f"robust_pfl.benchmark({str(source)!r}, quick={quick}, subset={subset!r})",
         "device": spec.base.get("device", "cpu"),
-        "cells": len(plan.cells), "ran": grid_summary["ran"], "skipped": grid_summary["skipped"],
-        "errors": grid_summary["errors"], "errored": grid_summary["errored"],
+        "cells": len(plan.cells), "ran": totals["ran"], "skipped": totals["skipped"], "stages": totals["stages"],
+        "errors": len(errored), "errored": errored,
+        "full_factorial": plan.full_factorial(),
+        "combinations": len(plan.combos),
         "not_applicable": len(plan.not_applicable),
-        "seconds": time.perf_counter() - start,
-        "profile": _profile(quick, subset, profile_tune),
+        "seconds": seconds,
+        "compute_seconds": measured,
+        "estimated_seconds": estimate.seconds,
+        "estimate": estimate.text(workers),
+        "workers": workers,
+        "profile": _profile(quick, subset, spec.benchmark.tune),
         "attacks": [e.label for e in entries if e.section != BACKDOOR],
         "backdoors": [e.label for e in entries if e.section == BACKDOOR],
-        "tuning": ("per defense, heterogeneity level and fraction, the candidate of highest worst-case validation "
-                   "accuracy over the attacks (validation carved from the honest clients' training data; the test "
-                   "split is never read); candidates per defense: "
+        "tuning": ("per defense, heterogeneity level and fraction, raced on validation accuracy "
+                   "(robust_pfl.worst_case.allocation); candidates per defense: "
                    + ", ".join(f"{d.display} {len(d.candidates(True))}" for d in spec.defenses))
-        if profile_tune else "none: the file's values",
-        "per_cell": _cost_text(finals, spec, full),
-        "estimated_seconds": plan.estimated_seconds,
-        "provenance": grid_summary["provenance"],
+        if spec.benchmark.tune else "none: the file's values",
+        "per_cell": cost.measured_text(finals, plan, full),
+        "provenance": provenance or _provenance(spec),
     }
     result.files = write_report(result, out, Path(page) if page is not None else None)
     return result
+
+
+def _provenance(spec: BenchmarkSpec) -> dict[str, Any]:
+    from robust_pfl.provenance import provenance
+
+    return provenance(spec.base.get("device", "cpu"), 1, 0.0)

@@ -15,13 +15,25 @@ cell, plus:
   but the backdoors; or a list of names and ``{name, label, options}`` tables),
   ``exclude_attacks``, ``backdoors`` (``"all"``, a list, or ``[]``: scored by attack
   success rate in a section of their own), ``heterogeneity`` (a list of tables of task
-  options, each with a ``label``: the y axis), ``tolerance`` (points below clean
-  accuracy that still count as holding, default 10), ``tune`` (``true``: choose each
-  defense's setting on validation data; ``false``: the file's values).
+  options, each with a ``label``: the y axis), ``tolerance`` (how far below its clean
+  accuracy a defense may fall and still hold: ``{ share = s }``, the share ``s`` of
+  what it learned over chance, the default ``s = 0.2``; or ``{ points = p }`` / a
+  number, ``p`` points), ``confidence`` (of the intervals that decide, 0.95),
+  ``initial_seeds`` (the seeds every run starts with; the file's ``seeds`` are the
+  pool that undecided cells draw from), ``racing`` (drop attacks and tuning
+  candidates whose interval lies clearly on the safe side:
+  :mod:`robust_pfl.worst_case.allocation`), ``plateau`` (points the clean validation
+  accuracy may still climb over the last quarter of a converged run),
+  ``validation_per_client`` (every level's validation split, 10 by default),
+  ``attack_options`` (options per attack name, for ``"all"`` and listed names),
+  ``tune`` (``true``: choose each defense's setting on validation data; ``false``:
+  the file's values).
+* ``[[defenses]]`` may set ``rounds``: that defense's run length (its clean run must
+  plateau within it; the file's ``rounds`` otherwise).
 * ``[benchmark.quick]`` and ``[benchmark.subsets.<name>]``: profiles that narrow the
-  run (``rounds``, ``seeds``, ``fractions``, ``attacks``, ``backdoors``,
-  ``heterogeneity`` and ``defenses`` as label lists, ``tune``); ``--quick`` and
-  ``--subset NAME`` select them.
+  run (``rounds``, ``seeds``, ``initial_seeds``, ``fractions``, ``attacks``,
+  ``backdoors``, ``heterogeneity`` and ``defenses`` as label lists, ``tune``,
+  ``racing``); ``--quick`` and ``--subset NAME`` select them.
 """
 
 from __future__ import annotations
@@ -53,12 +65,45 @@ class Profile(_Strict):
 
     rounds: int | None = Field(None, ge=1)
     seeds: list[int] | None = Field(None, min_length=1)
+    initial_seeds: int | None = Field(None, ge=1)
+    racing: bool | None = None
     fractions: list[float] | None = Field(None, min_length=1)
     attacks: list[str] | None = None
     backdoors: list[str] | None = None
     heterogeneity: list[str] | None = Field(None, min_length=1)
     defenses: list[str] | None = Field(None, min_length=1)
     tune: bool | None = None
+
+
+class Tolerance(_Strict):
+    """How far below its clean accuracy a defense may fall and still hold: ``points``
+    (absolute, in accuracy points) or ``share`` (of what the defense learned over
+    chance, ``share * (clean - chance)``), one of the two."""
+
+    points: float | None = Field(None, ge=0, le=100, description="accuracy points")
+    share: float | None = Field(None, gt=0, le=1, description="share of clean accuracy minus chance")
+
+    @model_validator(mode="after")
+    def _one(self) -> Tolerance:
+        if (self.points is None) == (self.share is None):
+            raise ValueError("give one of 'points' or 'share'")
+        return self
+
+    def of(self, clean: float, chance: float) -> float:
+        """The tolerance in accuracy units ([0, 1]) of a defense whose clean accuracy is
+        ``clean`` (nan when a share of an unknown clean accuracy)."""
+        if self.points is not None:
+            return self.points / 100
+        return self.share * max(clean - chance, 0.0)
+
+    def text(self) -> str:
+        return (f"{self.points:g} points" if self.points is not None
+                else f"{self.share:g} of the clean accuracy above chance")
+
+
+#: The default tolerance: a defense holds while it keeps four fifths of what it learned
+#: over chance (docs/benchmark.md, "Verdicts").
+DEFAULT_TOLERANCE = Tolerance(share=0.2)
 
 
 class BenchmarkTable(_Strict):
@@ -72,7 +117,17 @@ class BenchmarkTable(_Strict):
         default_factory=lambda: [{"label": "as configured"}], min_length=1,
         description="task options per level, each with a label",
     )
-    tolerance: float = Field(10.0, ge=0, le=100, description="points below clean accuracy that still hold")
+    tolerance: Tolerance = Field(default_factory=lambda: DEFAULT_TOLERANCE,
+                                 description="a number (points) or { points = p } or { share = s }")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence of the intervals that decide")
+    initial_seeds: int = Field(2, ge=1, description="seeds every run starts with (the file's seeds: the pool)")
+    racing: bool = True
+    plateau: float = Field(2.0, ge=0, le=100, description="points the clean validation accuracy may still climb "
+                                                           "over the last quarter of a converged run")
+    validation_per_client: int | None = Field(10, ge=1, description="validation samples per client of every "
+                                                                    "level (None: the task's)")
+    attack_options: dict[str, dict[str, Any]] = Field(default_factory=dict,
+                                                      description="options per attack name")
     tune: bool = True
     quick: Profile = Field(default_factory=lambda: Profile(rounds=10, seeds=None, tune=False))
     subsets: dict[str, Profile] = Field(default_factory=dict)
@@ -86,6 +141,13 @@ class BenchmarkTable(_Strict):
         if len(set(values)) != len(values):
             raise ValueError(f"must be distinct, got {values}")
         return sorted(values)
+
+    @field_validator("tolerance", mode="before")
+    @classmethod
+    def _tolerance(cls, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return {"points": float(value)}
+        return value
 
     @field_validator("heterogeneity")
     @classmethod
@@ -105,6 +167,7 @@ class Defense(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     name: str
     label: str | None = None
+    rounds: int | None = Field(None, ge=1, description="this defense's run length (default: the file's rounds)")
     tune: dict[str, list[Any]] = Field(default_factory=dict)
 
     @field_validator("tune")
@@ -129,7 +192,8 @@ class Defense(BaseModel):
 
     def candidates(self, tune: bool) -> list[tuple[str, dict[str, Any]]]:
         """``(label, method table)`` of every candidate setting: the product of the
-        ``tune`` lists (``tune``), else the file's values alone (label ``"as given"``)."""
+        ``tune`` lists (``tune``), else the file's values alone (label ``"as given"``);
+        the *reference* candidate (:meth:`reference`) first, then the product's order."""
         base = {"name": self.name, "label": self.display, **self.options()}
         if not tune or not self.tune:
             return [("as given", base)]
@@ -138,7 +202,17 @@ class Defense(BaseModel):
         for values in itertools.product(*(self.tune[key] for key in keys)):
             label = ", ".join(f"{key}={compact(value)}" for key, value in zip(keys, values))
             out.append((label, {**base, **dict(zip(keys, values))}))
-        return out
+        first = self.reference_index(out, base)
+        return [out[first], *out[:first], *out[first + 1:]]
+
+    @staticmethod
+    def reference_index(candidates: list[tuple[str, dict[str, Any]]], base: dict[str, Any]) -> int:
+        """The candidate whose values are the file's own (the reference the attacks are
+        raced at first), else the first of the product."""
+        for index, (_, table) in enumerate(candidates):
+            if table == base:
+                return index
+        return 0
 
 
 def compact(value: Any) -> str:
@@ -192,16 +266,22 @@ class BenchmarkSpec(_Strict):
         update: dict[str, Any] = {"heterogeneity": levels}
         if profile.fractions is not None:
             update["fractions"] = BenchmarkTable.model_validate({"fractions": profile.fractions}).fractions
-        if profile.tune is not None:
-            update["tune"] = profile.tune
+        for key in ("tune", "racing", "initial_seeds"):
+            if getattr(profile, key) is not None:
+                update[key] = getattr(profile, key)
         base = dict(self.base)
-        if profile.rounds is not None:  # the quick profile never lengthens a shorter file
-            rounds = min(profile.rounds, base.get("rounds", 100)) if what.endswith("quick") else profile.rounds
-            base["rounds"] = rounds
-            base["eval_every"] = min(base.get("eval_every", 10), rounds)
+        quick = what.endswith("quick")
+        if profile.rounds is not None:
+            # the quick profile never lengthens a shorter run; a subset's rounds set every defense's
+            cap = profile.rounds
+            base["rounds"] = min(cap, base.get("rounds", 100)) if quick else cap
+            defenses = [d.model_copy(update={"rounds": min(cap, d.rounds) if quick and d.rounds else None})
+                        for d in defenses]
+            longest = max([base["rounds"], *(d.rounds or 0 for d in defenses)])
+            base["eval_every"] = max(1, min(base.get("eval_every", 10), longest // 4))
         if profile.seeds is not None:
             base["seeds"] = profile.seeds
-        elif what.endswith("quick"):
+        elif quick:
             base["seeds"] = base.get("seeds", [0])[:1]
         return self.model_copy(update={
             "base": base, "defenses": defenses, "benchmark": table.model_copy(update=update),
@@ -211,6 +291,10 @@ class BenchmarkSpec(_Strict):
     @property
     def seeds(self) -> list[int]:
         return list(self.base.get("seeds", [0]))
+
+    def rounds_of(self, defense: Defense) -> int:
+        """``defense``'s run length: its own ``rounds``, else the file's."""
+        return defense.rounds or int(self.base.get("rounds", 100))
 
 
 def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None,
