@@ -38,6 +38,7 @@ from torch import Tensor
 
 from attacks._stats import byzantine_count, expand_rows, honest_rows, norm, unit
 from attacks.base import attack_options, register
+from attacks.search import warm_start
 from robust_pfl.engine.rows import admissible_points, agglomerate, largest_cluster, masked_mean, masked_median
 from robust_pfl.engine.types import AttackBase, AttackContext
 
@@ -84,6 +85,16 @@ class ClippedClusteringAttack(AttackBase):
     the mean's norm; here the angle is searched against the rule itself, so the rows
     are kept whenever some angle keeps them, and go as far as the rule allows.
 
+    With ``search_every = k > 1`` the full search runs in the rounds ``t`` with ``t mod
+    k = 0``; in the others it starts from the angles of the previous call (kept in
+    ``context.memory``): where, in every block, the angle a quarter coarse step below it
+    is kept and the angle a quarter step above it is not, ``warm_steps`` bisections
+    between the two replace the coarse pass and its bisection (2 + ``warm_steps``
+    membership tests instead of ``grid + steps``); otherwise the full search runs.
+    Between rounds the honest rows move little, so the boundary moves little; a kept
+    angle farther out (membership that is not monotone) is found again at the next full
+    search.
+
     ``scale = 1`` puts the rows at the honest median norm, so clipping to the median
     leaves them whole; a larger ``scale`` raises the median the defense clips to (the
     rows are clipped to it).  Degenerate cases draw from ``context.generator`` (two
@@ -98,6 +109,10 @@ class ClippedClusteringAttack(AttackBase):
     grid: Annotated[int, Field(ge=1, le=64, description="coarse angles pi*k/grid tried before the bisection")] = 8
     steps: Annotated[int, Field(ge=0, le=60, description="bisection steps after the coarse angles")] = 12
     scale: Annotated[float, Field(gt=0, description="the rows' norm in honest median norms")] = 1.0
+    search_every: Annotated[int, Field(ge=1, le=1_000_000, description=(
+        "rounds between full searches; in the rounds between, the search bisects a bracket around the previous "
+        "round's angles when its ends are kept and not kept; 1: a full search every round"))] = 1
+    warm_steps: Annotated[int, Field(ge=0, le=60, description="bisection steps of a warm-started search")] = 6
 
     def plane(self, honest: Tensor, admissible: Tensor, draws: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``(u, v, m)``: the unit mean ``[..., 1, d]``, the unit turn direction
@@ -133,8 +148,35 @@ class ClippedClusteringAttack(AttackBase):
             probe = (context.defense_state or {}).get("aggregate")
             kept = (self.probe_kept(messages, byzantine, u, v, m, probe) if probe is not None
                     else self.rule_kept(honest, admissible, byzantine, u, v, m))
-            theta = self.search(kept, lead, messages.device)
+            memory_key = f"{self.name}:{context.kind}:angles"
+            start = warm_start(context.memory, memory_key, context.round_index, self.search_every)
+            theta = None if start is None or tuple(start.shape) != tuple(lead) else self.warm_search(kept, start)
+            if theta is None:
+                theta = self.search(kept, lead, messages.device)
+            if self.search_every > 1:
+                context.memory[memory_key] = theta.clone()
         return expand_rows(self.rows(theta, u, v, m), messages, context)
+
+    def warm_search(self, kept: Callable[[Tensor], Tensor], start: Tensor) -> Tensor | None:
+        """``[...]`` the angle found by bisecting the bracket of a quarter coarse step on
+        either side of ``start``, or ``None`` when in some block its lower end is not
+        kept (unless 0) or its upper end is (unless it is ``pi``, then the answer)."""
+        step = math.pi / self.grid / 4
+        low = torch.clamp(start - step, min=0.0)
+        high = torch.clamp(start + step, max=math.pi)
+        if not bool((kept(low) | (low <= 0)).all()):
+            return None
+        top = kept(high)
+        if bool((top & (high < math.pi)).any()):
+            return None
+        low = torch.where(top, high, low)
+        done = low >= math.pi
+        for _ in range(self.warm_steps):
+            middle = (low + high) / 2
+            inside = kept(middle) & ~done
+            low = torch.where(inside, middle, low)
+            high = torch.where(inside | done, high, middle)
+        return low
 
     def rows(self, theta: Tensor, u: Tensor, v: Tensor, m: Tensor) -> Tensor:
         """``[..., 1, d]`` the row at angle ``theta[...]``."""

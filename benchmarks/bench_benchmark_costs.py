@@ -6,7 +6,10 @@ the plain attack and under each attack of the file's set; per round = the differ
 over ROUNDS, overhead = the 1-round run minus one round.  Also records
 robust_pfl.costs' estimate of a round of each method there (the scale to other tasks).
 
-    python benchmarks/bench_benchmark_costs.py [--rounds 20] [--out robust_pfl/worst_case/cell_costs.json]
+    python benchmarks/bench_benchmark_costs.py [--rounds 20] [--attacks A,B] [--out robust_pfl/worst_case/cell_costs.json]
+
+``--attacks`` measures those attacks only (with the plain one) and updates their
+entries of an existing table.
 """
 
 from __future__ import annotations
@@ -40,17 +43,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--out", default=str(ROOT / "robust_pfl" / "worst_case" / "cell_costs.json"))
+    parser.add_argument("--attacks", default=None, help="comma-separated: measure these only, update the table")
     args = parser.parse_args()
     spec = load_benchmark(ROOT / "configs" / "benchmark_digits.toml", tune=False)
     level = spec.benchmark.heterogeneity[0]["label"]
     spec = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={
         "fractions": [0.0, 0.2], "heterogeneity": spec.benchmark.heterogeneity[:1], "backdoors": []})})
     plan = build_plan(spec)
-    per_round: dict[str, dict[str, float]] = {}
-    model_round: dict[str, float] = {}
+    only = None if args.attacks is None else {PLAIN, *args.attacks.split(",")}
+    old = json.loads(Path(args.out).read_text(encoding="utf-8")) if only is not None else {}
+    per_round: dict[str, dict[str, float]] = old.get("per_round", {})
+    model_round: dict[str, float] = old.get("model_round", {})
     overheads = []
     for key, combo in plan.combos.items():
-        if key[3] != 0.2:
+        if key[3] != 0.2 or (only is not None and combo.config.attack.name not in only):
             continue
         name = method_key(combo)
         config = combo.config.model_copy(update={"seeds": [0]}).model_dump()
@@ -68,7 +74,7 @@ def main() -> None:
         "what": "seconds a round of each method (the benchmark's digits task, level " + repr(level) + ", f = 0.2, "
                 "one thread) under each attack; benchmarks/bench_benchmark_costs.py",
         "machine": machine_text(), "commit": commit, "rounds": args.rounds,
-        "overhead_seconds": statistics.median(overheads),
+        "overhead_seconds": statistics.median(overheads) if only is None else old["overhead_seconds"],
         "per_round": per_round, "model_round": model_round,
     }
     Path(args.out).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -284,3 +284,51 @@ def test_signguard_attack_matches_the_honest_sign_counts_window_by_window(window
             got = int((torch.sign(rows[0, lo:hi]) == sign).sum())
             assert abs(got - expected) <= 1.0, (lo, hi, sign)
     assert bool((rows[:, 50:60] == 0).all())
+
+
+# -- the warm-started angle search (issue 53, item 7) ------------------------------------------
+def angle_of(rows: torch.Tensor, values: torch.Tensor) -> float:
+    """The rows' angle from the honest mean (the search's theta)."""
+    u = values[~MASK].mean(dim=0)
+    r = rows[0]
+    return math.acos(max(-1.0, min(1.0, float(r @ u / (r.norm() * u.norm())))))
+
+
+def test_the_warm_started_angle_search_stays_with_the_full_search_round_after_round():
+    """Honest rows drifting over 10 rounds of one run (one memory), against
+    ClippedClustering's probe: the warm-started angle is within the warm bisection's
+    precision of the full search's, or beyond it, in at least 95% of the rounds, with
+    fewer probe calls."""
+    aggregator = defenses.AGGREGATORS["clipped_clustering"]()
+    full, warm = attacks.build("clipped_clustering_attack"), attacks.build("clipped_clustering_attack",
+                                                                           {"search_every": 10})
+    precision = math.pi / warm.grid / 2 / 2 ** warm.warm_steps
+    close, cases, calls = 0, 0, {"full": 0, "warm": 0}
+    for seed in range(3):
+        memory: dict[str, Any] = {}
+        drift = torch.randn(40, generator=torch.Generator().manual_seed(100 + seed), dtype=F64) * 0.05
+        for round_index in range(10):
+            values = instance(seed, 40, 0.8) + round_index * drift
+            found = {}
+            for name, attack in (("full", full), ("warm", warm)):
+                def counted(delivered: torch.Tensor, name: str = name) -> torch.Tensor:
+                    calls[name] += round_index > 0
+                    return probe(aggregator)(delivered)
+
+                ctx = dataclasses.replace(context(state={"aggregate": counted}), round_index=round_index,
+                                          memory=memory if name == "warm" else {})
+                found[name] = angle_of(attack(values, ctx), values)
+            cases += 1
+            close += found["warm"] >= found["full"] - 2 * precision
+    assert close >= 0.95 * cases, f"warm within precision in {close} of {cases} rounds"
+    assert calls["warm"] <= 0.5 * calls["full"], calls
+
+
+def test_a_warm_search_from_an_angle_no_longer_kept_falls_back_to_the_full_search():
+    values = instance(0, 40, 0.8)
+    attack = attacks.build("clipped_clustering_attack", {"search_every": 10})
+    key = "clipped_clustering_attack:gradient:angles"
+    full = attacks.build("clipped_clustering_attack")(values, context())
+    for stale in (math.pi - 0.1, 0.0):  # far out (not kept); 0 (the bracket's upper end is kept)
+        ctx = dataclasses.replace(context(), round_index=3, memory={key: torch.tensor(stale, dtype=F64)})
+        torch.testing.assert_close(attack(values, ctx), full, rtol=0, atol=1e-12)

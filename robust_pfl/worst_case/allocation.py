@@ -6,7 +6,7 @@ runs and reaches the same choices.
 The rules (docs/benchmark.md, "How runs are allocated"); ``n0`` is
 ``benchmark.initial_seeds``, the seeds are the file's ``seeds`` in order (the pool),
 and every interval is a Student-t interval of a mean of differences *paired by seed*
-at the per-look level :attr:`Rule.level`:
+(for the races at ``confidence``, :attr:`Rule.race_level`):
 
 1. **Attacks raced at the reference candidate** (the defense's own values).  Every
    attack runs with the first ``n0`` seeds.  Attack ``a`` is dropped when the interval
@@ -35,9 +35,11 @@ at the per-look level :attr:`Rule.level`:
 Only validation accuracies and losses choose: the attacks raced and the candidate
 chosen in 1-3 never read a test metric, and the seeds added in 4 (which do) come after
 the choice and never reopen it.  Sequential looks at the same data inflate an
-interval's error; each look's interval is taken at level ``1 - (1 - confidence) /
-looks`` (Bonferroni over the at most ``len(seeds) - n0 + 1`` looks), so that the
-verdicts of a cell hold jointly at ``confidence``.
+interval's error; each look's verdict interval is taken at level ``1 - (1 -
+confidence) / looks`` (Bonferroni over the at most ``len(seeds) - n0 + 1`` looks,
+:attr:`Rule.level`), so that the verdicts of a cell hold jointly at ``confidence``.
+The races use ``confidence`` uncorrected: a wrong drop costs an attack or a candidate,
+which the chosen candidate's screen (3) and the verdict's own intervals guard.
 """
 
 from __future__ import annotations
@@ -83,8 +85,14 @@ class Rule:
 
     @property
     def level(self) -> float:
-        """Each look's interval level (Bonferroni over :attr:`looks`)."""
+        """Each look's interval level for verdicts (Bonferroni over :attr:`looks`)."""
         return 1 - (1 - self.confidence) / self.looks
+
+    @property
+    def race_level(self) -> float:
+        """The races' interval level: ``confidence`` itself (a wrong drop costs an
+        attack or a candidate, not a verdict: the verdict's own intervals decide)."""
+        return self.confidence
 
 
 @dataclass(frozen=True)
@@ -219,7 +227,7 @@ def race_attacks(runs: Runs, group: GroupKey, candidate: str, start: Sequence[st
             floor = runs.values(key_of(group, candidate, worst), seeds, "validation")
             for attack in kept:
                 mine = runs.values(key_of(group, candidate, attack), seeds, "validation")
-                if attack != worst and clearly_above(mine, floor, rule.level):
+                if attack != worst and clearly_above(mine, floor, rule.race_level):
                     dropped[attack] = f"validation accuracy clearly above {worst}'s ({level} seeds)"
             kept = [a for a in kept if a not in dropped]
     return Race(kept, dropped, reached, [])
@@ -304,7 +312,7 @@ def tune(runs: Runs, plan: Plan, group: GroupKey, rule: Rule) -> Tuning:
             best = _scores(runs, group, leader, sets[leader], seeds)
             for candidate in alive:
                 if candidate != leader and clearly_above(best, _scores(runs, group, candidate, sets[candidate], seeds),
-                                                         rule.level):
+                                                         rule.race_level):
                     out.dropped_candidates[candidate] = (f"worst-case validation accuracy clearly below {leader}'s "
                                                          f"({level} seeds)")
             alive = [c for c in alive if c not in out.dropped_candidates]
@@ -336,7 +344,7 @@ def _verified(runs: Runs, group: GroupKey, chosen: str, attacks: list[str], appl
         floor = runs.values(key_of(group, chosen, worst), seeds, "validation")
         for attack in others:
             mine = runs.values(key_of(group, chosen, attack), seeds, "validation")
-            if clearly_above(mine, floor, rule.level):
+            if clearly_above(mine, floor, rule.race_level):
                 dropped[attack] = f"validation accuracy clearly above {worst}'s ({rule.first} seeds, chosen candidate)"
             else:
                 attacks = [*attacks, attack]

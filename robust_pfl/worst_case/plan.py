@@ -195,7 +195,7 @@ def _check_evaluations(spec: BenchmarkSpec) -> None:
     """The convergence check reads the clean validation accuracy a quarter of the run
     before its end: every defense's run needs an evaluation there."""
     every = int(spec.base.get("eval_every", 10))
-    short = [(d.display, spec.rounds_of(d)) for d in spec.defenses if every > spec.rounds_of(d) // 4]
+    short = [(d.display, spec.rounds_of(d)) for d in spec.defenses if every > max(1, spec.rounds_of(d) // 4)]
     if short:
         raise ConfigError(f"invalid config {spec.source}:\n  eval_every: {every} leaves no evaluation in the last "
                           f"quarter of the runs of {short} (defense, rounds); at most a quarter of the shortest "
@@ -226,12 +226,12 @@ def build_plan(spec: BenchmarkSpec) -> Plan:
     combinations that fail validation are recorded as not applicable."""
     from robust_pfl.experiments import byzantine_count, client_count, parse_and_validate
 
-    _check_evaluations(spec)
     plan = Plan(spec)
     entries = attack_set(spec)
     seen: dict[str, ComboKey] = {}
     clean = AttackEntry(NO_ATTACK, {"name": NO_ATTACK}, CLEAN)
     check_clean_runs(spec, clean)
+    _check_evaluations(spec)
     for level in spec.benchmark.heterogeneity:
         for fraction in spec.benchmark.fractions:
             for defense in spec.defenses:

@@ -146,7 +146,7 @@ def statements(breakdown: pd.DataFrame, table: pd.DataFrame) -> list[str]:
             text += (f": worst case {percent(broke.iloc[0]['worst'])}% under {broke.iloc[0]['worst_attack']} "
                      f"against {percent(row.clean)}% clean" if len(broke) else f" ({row.why})")
         elif math.isfinite(row.inconclusive_at):
-            text += f" ({row.why})"
+            text += f" ({row.why}; {percent(row.clean)}% clean)"
         else:
             at = mine[mine["fraction"] == row.holds_up_to]
             text += (f": worst case there {percent(at.iloc[0]['worst'])}% against {percent(row.clean)}% clean"

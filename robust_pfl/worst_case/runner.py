@@ -235,7 +235,7 @@ def run_benchmark(
         f"{len(plan.not_applicable)} not applicable; {estimate.text(workers)}")
     owned = backend is None
     backend = backend or LocalBackend()
-    totals = {"ran": 0, "skipped": 0, "errors": 0, "stages": 0}
+    totals = {"ran": 0, "stages": 0}
     errored: dict[str, str] = {}
     provenance: dict[str, Any] = {}
     try:
@@ -251,8 +251,6 @@ def run_benchmark(
                 "of compute)")
             summary = run_grid(plan.grid(todo, resources), out, backend, progress)
             totals["ran"] += summary["ran"]
-            totals["skipped"] += summary["skipped"]
-            totals["errors"] += summary["errors"]
             errored.update(summary["errored"])
             provenance = summary["provenance"]
     finally:
@@ -266,7 +264,8 @@ def run_benchmark(
         "name": Path(spec.source).stem,
         "command": command or f"robust_pfl.benchmark({str(source)!r}, quick={quick}, subset={subset!r})",
         "device": spec.base.get("device", "cpu"),
-        "cells": len(plan.cells), "ran": totals["ran"], "skipped": totals["skipped"], "stages": totals["stages"],
+        "cells": len(plan.cells), "ran": totals["ran"], "skipped": len(plan.cells) - totals["ran"],
+        "stages": totals["stages"],
         "errors": len(errored), "errored": errored,
         "full_factorial": plan.full_factorial(),
         "combinations": len(plan.combos),

@@ -7,9 +7,10 @@ shares) without ``methods``, ``attack`` and ``byzantine``, which the benchmark s
 cell, plus:
 
 * ``[[defenses]]``: method tables as ``[[methods]]`` (``name``, ``label``, options),
-  each with an optional ``tune`` table of lists (``tune = { lr = [0.03, 0.1] }``): the
-  candidate settings are the Cartesian product of the lists, each value replacing the
-  option of that name.
+  each with an optional ``tune``: a table of lists (``tune = { lr = [0.03, 0.1] }``),
+  whose Cartesian product are the candidate settings, each value replacing the option
+  of that name; or a list of tables, each one candidate's changes to the file's values
+  (``tune = [{}, { lr = 0.03 }, { radius = 0.5 }]``: one factor at a time).
 * ``[benchmark]``: ``fractions`` (Byzantine share of all clients, ``byzantine.fraction``;
   0 runs the clean cell, without attack), ``attacks`` (``"all"``: every registered attack
   but the backdoors; or a list of names and ``{name, label, options}`` tables),
@@ -168,14 +169,21 @@ class Defense(BaseModel):
     name: str
     label: str | None = None
     rounds: int | None = Field(None, ge=1, description="this defense's run length (default: the file's rounds)")
-    tune: dict[str, list[Any]] = Field(default_factory=dict)
+    tune: dict[str, list[Any]] | list[dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("tune")
     @classmethod
-    def _tune(cls, tune: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    def _tune(cls, tune: dict[str, list[Any]] | list[dict[str, Any]]) -> dict[str, list[Any]] | list[dict[str, Any]]:
+        named = [key for table in (tune if isinstance(tune, list) else [tune]) for key in table]
+        for key in named:
+            if key in ("name", "label", "rounds"):
+                raise ValueError(f"{key!r} is not a method option to tune")
+        if isinstance(tune, list):
+            distinct = {json.dumps(table, sort_keys=True) for table in tune}
+            if not tune or len(distinct) != len(tune):
+                raise ValueError(f"give distinct candidate tables, got {tune}")
+            return tune
         for key, values in tune.items():
-            if key in ("name", "label"):
-                raise ValueError(f"{key!r} names the defense; tune its options")
             if not values:
                 raise ValueError(f"{key}: give at least one value")
             distinct = {json.dumps(v, sort_keys=True) for v in values}
@@ -197,11 +205,15 @@ class Defense(BaseModel):
         base = {"name": self.name, "label": self.display, **self.options()}
         if not tune or not self.tune:
             return [("as given", base)]
-        keys = list(self.tune)
+        if isinstance(self.tune, list):
+            tables = list(self.tune)
+        else:
+            keys = list(self.tune)
+            tables = [dict(zip(keys, values)) for values in itertools.product(*(self.tune[key] for key in keys))]
         out = []
-        for values in itertools.product(*(self.tune[key] for key in keys)):
-            label = ", ".join(f"{key}={compact(value)}" for key, value in zip(keys, values))
-            out.append((label, {**base, **dict(zip(keys, values))}))
+        for table in tables:
+            label = ", ".join(f"{key}={compact(value)}" for key, value in table.items()) or "as given"
+            out.append((label, {**base, **table}))
         first = self.reference_index(out, base)
         return [out[first], *out[:first], *out[first + 1:]]
 
