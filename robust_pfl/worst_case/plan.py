@@ -261,4 +261,17 @@ def build_plan(spec: BenchmarkSpec) -> Plan:
                                                  byzantine_count(config), config.rounds)
                         (plan.backdoors if entry.section == BACKDOOR else plan.attacks)[(group, candidate)].append(
                             entry.label)
+            _check_fraction_runs(plan, level["label"], fraction)
     return plan
+
+
+def _check_fraction_runs(plan: Plan, level: str, fraction: float) -> None:
+    """A fraction at which no combination of a level can run is the file's error (its
+    data do not fit that many clients, say), never a break of every defense."""
+    if any(key[2] == level and key[3] == fraction for key in plan.combos):
+        return
+    reasons = sorted({row["reason"] for row in plan.not_applicable
+                      if row["heterogeneity"] == level and row["fraction"] == fraction})
+    lines = [f"  benchmark.fractions: no combination can run at fraction {fraction:g} of level {level!r}:",
+             *(f"    {reason}" for reason in reasons[:5])]
+    raise ConfigError("\n".join([f"invalid config {plan.spec.source}:", *lines]))
