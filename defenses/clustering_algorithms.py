@@ -12,6 +12,7 @@ import torch
 from pydantic import BaseModel, Field, field_validator, model_validator
 from torch import Tensor
 
+from defenses.ball_diagnostics import ball_rows
 from defenses.base import Algorithm, AlgorithmParams, RoundWork, register
 from defenses.centre_rules import collapsed, relabelled, sticky_assignment, trimmed_cost
 from defenses.kmeans_init import dense_rows, density_sample, kmeans, kmeans_plus_plus
@@ -89,6 +90,10 @@ FC_CPU_BUDGET_MB = 1024
 
 class FederatedClusteringParams(ClusteringParams):
     groups: int = Field(1, ge=1, description="random subgroups per round (paper's MNIST: 16)")
+    record_balls: bool = Field(
+        False, description="diagnostics: record what each centre's ball holds at the end of every round (own "
+        "cluster, other honest, Byzantine messages; defenses.ball_diagnostics), for reading a run against Thm 3.1",
+    )
     subgroup_split: Literal["balanced", "chunks"] = Field(
         "balanced",
         description="how the round's shuffle of all clients is cut into groups: balanced (default): "
@@ -282,13 +287,24 @@ class FederatedClustering(Algorithm):
                     senders=members,
                     inplace=True,
                 )
-                pending.add(clients, starts, received)
+                pending.add(clients, starts, received, members)
         pending.flush()
         # Every row is stepped: a row that received nothing (a Byzantine client's, whose
         # model is never read) has a zero update and keeps its parameters exactly; the
         # whole-tensor step reuses its scratch instead of gathering the honest rows.
         self.optimizer.apply(self.models, updates)
-        return RoundRecord(round_index, gradients=self.kept(own), updates=self.kept(updates))
+        extras = {"balls": torch.cat(pending.balls)} if pending.balls else {}
+        return RoundRecord(round_index, gradients=self.kept(own), updates=self.kept(updates), extras=extras)
+
+    def ball_rows(self, received: Tensor, centres: Tensor, clients: Tensor, senders: Tensor) -> Tensor:
+        """:func:`defenses.ball_diagnostics.ball_rows` of receivers ``clients[M]`` whose
+        messages ``received[M, S, d]`` came from ``senders[M, S]``, around their
+        ``centres[M, 1, d]``: a receiver's own cluster is its true cluster."""
+        fed = self.federation
+        byzantine = fed.byzantine[senders]
+        own = (fed.cluster_ids[senders] == fed.cluster_ids[clients].unsqueeze(-1)) & ~byzantine
+        return ball_rows(received, centres, self.policy, max(self.params.clustering_rounds - 1, 0), byzantine,
+                         own.unsqueeze(-2))
 
     def client_models(self) -> Tensor:
         return self.models
@@ -313,6 +329,8 @@ class _Pending:
         self.rows_by_size = rows_by_size
         # by group size: the workspace, its rows used, the waiting chunks' clients and starts
         self.waiting: dict[int, tuple[Tensor, int, list[Tensor], list[Tensor]]] = {}
+        self.senders: dict[int, list[Tensor]] = {}  # by group size: the waiting chunks' senders (record_balls)
+        self.balls: list[Tensor] = []  # the round's ball rows, with record_balls
 
     def workspace(self, rows: int, senders: int) -> Tensor:
         """The ``[rows, senders, d]`` block a chunk's cross gradients go to (a full
@@ -331,12 +349,17 @@ class _Pending:
             self.waiting[senders] = (workspace, 0, [], [])
         return workspace[used : used + rows]
 
-    def add(self, clients: Tensor, starts: Tensor, received: Tensor) -> None:
+    def add(self, clients: Tensor, starts: Tensor, received: Tensor, members: Tensor) -> None:
         """A delivered chunk: ``received[M, S, d]`` (its workspace block) for the
-        receivers ``clients[M]``, each centre starting at row ``starts[M, 1]``."""
+        receivers ``clients[M]`` from the senders ``members[S]``, each centre starting at
+        row ``starts[M, 1]``."""
+        senders = members.expand(clients.numel(), -1)
         if not self.together:
-            self.updates[clients] = self.algorithm._cluster(received, starts).centres[:, 0]
+            centres = self.algorithm._cluster(received, starts).centres
+            self.updates[clients] = centres[:, 0]
+            self._note(received, centres, clients, senders)
             return
+        self.senders.setdefault(received.shape[1], []).append(senders)
         workspace, used, waiting_clients, waiting_starts = self.waiting[received.shape[1]]
         self.waiting[received.shape[1]] = (
             workspace, used + clients.numel(), [*waiting_clients, clients], [*waiting_starts, starts]
@@ -349,13 +372,24 @@ class _Pending:
     def _cluster(self, senders: int) -> None:
         workspace, used, clients, starts = self.waiting[senders]
         if used:
-            centres = self.algorithm._cluster(workspace[:used], torch.cat(starts)).centres[:, 0]
-            self.updates[torch.cat(clients)] = centres
+            centres = self.algorithm._cluster(workspace[:used], torch.cat(starts)).centres
+            self.updates[torch.cat(clients)] = centres[:, 0]
+            self._note(workspace[:used], centres, torch.cat(clients), torch.cat(self.senders.pop(senders)))
         self.waiting[senders] = (workspace, 0, [], [])
+        self.senders.pop(senders, None)
+
+    def _note(self, received: Tensor, centres: Tensor, clients: Tensor, senders: Tensor) -> None:
+        """The chunk's ball rows, with ``record_balls``."""
+        if self.algorithm.params.record_balls:
+            self.balls.append(self.algorithm.ball_rows(received, centres, clients, senders))
 
 
 class CentreClusteringParams(ClusteringParams):
     clusters: int | None = Field(None, ge=1, description="K centres (default: the task's K)")
+    record_balls: bool = Field(
+        False, description="diagnostics: record what each centre's ball holds at the end of every round (own "
+        "cluster, other honest, Byzantine messages; defenses.ball_diagnostics), for reading a run against Thm 3.1",
+    )
     init: Literal["kmeans++", "random_clients", "kmeans"] = Field(
         "kmeans++",
         description="how centres are seeded: kmeans++ (D^2 sampling) | random_clients | kmeans (k-means++ then "
@@ -426,6 +460,7 @@ class _ServerClustering(Algorithm):
         self.k = params.clusters or federation.clusters
         self.centres: Tensor | None = None
         self.assignment = torch.zeros(federation.clients, dtype=torch.long, device=federation.device)
+        self.balls: Tensor | None = None  # this round's ball rows, with record_balls
         self._init_rng = federation.rng(f"{self.name}-centres")
         self._start_reseed_count()
         # [N, d] buffers reused every round (fresh ones cost page faults): own
@@ -489,7 +524,7 @@ class _ServerClustering(Algorithm):
         the address of the buffer each lies just ahead of.  A checkpoint written before
         re-seeds were counted resumes with the count at 0."""
         self.__dict__.update(state)
-        for name, value in (("reseeds", 0), ("_last_reseed", None), ("_storm_warned", False)):
+        for name, value in (("reseeds", 0), ("_last_reseed", None), ("_storm_warned", False), ("balls", None)):
             self.__dict__.setdefault(name, value)
         self._centre_slots = {
             slot.data_ptr() + slot.numel() * slot.element_size(): slot for slot in self._centre_slots.values()
@@ -611,6 +646,29 @@ class _ServerClustering(Algorithm):
                                       cells=cells)
         return result.centres, self._distances(received, result.centres, norms)
 
+    def _ball_rows(self, received: Tensor) -> Tensor:
+        """:func:`defenses.ball_diagnostics.ball_rows` around this round's centres (each
+        restricted to its clients with ``centre_update = "cell"``): a centre's own
+        cluster is the true cluster most of its honest clients belong to."""
+        fed = self.federation
+        honest = fed.honest
+        clusters = fed.cluster_ids
+        count = int(clusters.max()) + 1
+        assigned = torch.nn.functional.one_hot(self.assignment, self.centres.shape[0]).bool() & honest.unsqueeze(-1)
+        votes = (assigned.unsqueeze(-1) & torch.nn.functional.one_hot(clusters, count).bool().unsqueeze(1)).sum(0)
+        dominant = torch.where(votes.sum(-1) > 0, votes.argmax(-1), -1)  # [K]
+        own = (clusters.unsqueeze(0) == dominant.unsqueeze(-1)) & honest.unsqueeze(0)  # [K, N]
+        cells = None
+        if self.params.centre_update == "cell":
+            cells = self.assignment.unsqueeze(0) == torch.arange(self.centres.shape[0], device=own.device).unsqueeze(-1)
+        return ball_rows(received.unsqueeze(0), self.centres.unsqueeze(0), self.policy,
+                         max(self.params.clustering_rounds - 1, 0), fed.byzantine.unsqueeze(0), own.unsqueeze(0),
+                         None if cells is None else cells.unsqueeze(0))
+
+    def _ball_extras(self) -> dict[str, Tensor]:
+        """The round record's ``extras`` with ``record_balls``."""
+        return {} if self.balls is None else {"balls": self.balls}
+
     def _probe(self, messages: Tensor) -> Tensor:
         """What every client would apply if ``messages`` were received (for adaptive
         attacks); uses a copy of the seeding generator, so probing changes nothing."""
@@ -635,6 +693,7 @@ class _ServerClustering(Algorithm):
         )
         self.centres, self.assignment, reseeded = self._cluster(received, self._init_rng)
         self._count_reseed(round_index, reseeded)
+        self.balls = self._ball_rows(received) if self.params.record_balls else None
         # Every row is stepped: Byzantine clients' own models are never read, and
         # gathering the honest rows would cost two extra [N, d] copies.  The applied
         # rows (centres[assignment]) are gathered only for records that keep them.
@@ -678,6 +737,7 @@ class MyopicClustering(_ServerClustering):
             centres=self.centres,
             assignment=self.assignment,
             reseeds=self.reseeds,
+            extras=self._ball_extras(),
         )
 
 
@@ -795,4 +855,5 @@ class MomentumClustering(_ServerClustering):
             centres=self.centres,
             assignment=self.assignment,
             reseeds=self.reseeds,
+            extras=self._ball_extras(),
         )

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 import attacks
 import defenses
+from defenses.ball_diagnostics import ball_metrics
 from defenses.base import unknown_method
 from robust_pfl import costs
 from robust_pfl.checkpoint import checkpoint_name, fingerprint
@@ -485,6 +486,8 @@ def honest_means(task: Task, algorithm: defenses.Algorithm, record: RoundRecord 
         out["ari"] = adjusted_rand_index(truth, record.assignment[honest])
     if record is not None and record.reseeds is not None:
         out["reseeds"] = float(record.reseeds)
+    if record is not None and record.extras.get("balls") is not None:
+        out.update(ball_metrics(record.extras["balls"]))
     return out
 
 

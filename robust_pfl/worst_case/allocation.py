@@ -391,29 +391,44 @@ Opener = Callable[[Mapping[GroupKey, CellState], Runs], Mapping[GroupKey, bool]]
 def allocate(runs: Runs, plan: Plan, rule: Rule, wants_seed: Opener) -> Allocation:
     """Rules 1-4 of the module docstring over every table cell of ``plan``:
     ``wants_seed(states, runs)`` says, for each cell whose tuning is done, whether its
-    verdict is still open and may take a seed (rule 4's walk lives in the analysis)."""
+    verdict is still open and may take a seed (rule 4's walk lives in the analysis).
+
+    Seeds are taken level by level: a cell reads the next seed only while its verdict is
+    open, whatever else the store holds (runs made for another grid, or by a full
+    factorial in the same store), so the allocation, and every verdict, is the one a
+    fresh run would reach."""
     requests: list[Request] = []
     states: dict[GroupKey, CellState] = {}
     for group in plan.groups:
         tuning = tune(runs, plan, group, rule)
-        states[group] = state = CellState(tuning)
+        states[group] = CellState(tuning, list(tuning.attacks), tuning.tuned_at)
         requests += tuning.missing
-        if not tuning.done:
-            continue
-        race = race_attacks(runs, group, tuning.chosen, tuning.attacks, tuning.tuned_at + 1, rule.cap, rule)
-        state.attacks, state.seeds, state.dropped_later = race.kept, max(race.reached, tuning.tuned_at), race.dropped
-        if group[2] > 0:
+        if tuning.done and group[2] > 0:
             requests += [(key_of(group, tuning.chosen, b), s) for b in plan.backdoors[(group, tuning.chosen)]
                          for s in rule.seeds[:tuning.tuned_at] if not runs.has(key_of(group, tuning.chosen, b), s)]
-    for group, open_ in wants_seed(states, runs).items():
-        state = states[group]
-        if not open_ or state.seeds >= rule.cap:
-            continue
-        following = rule.seeds[:state.seeds + 1]
-        requests += [(state.key(a), s) for a in state.attacks for s in following if not runs.has(state.key(a), s)]
-        clean = states.get((group[0], group[1], 0.0))
-        if clean is not None and clean.chosen is not None:
-            requests += [(clean.key(NO_ATTACK), s) for s in following if not runs.has(clean.key(NO_ATTACK), s)]
+    waiting: set[GroupKey] = set()
+    while True:
+        moved = False
+        for group, open_ in wants_seed(states, runs).items():
+            state = states[group]
+            if not open_ or state.seeds >= rule.cap or group in waiting:
+                continue
+            level = state.seeds + 1
+            race = race_attacks(runs, group, state.chosen, state.attacks, level, level, rule)
+            clean = states.get((group[0], group[1], 0.0))
+            paired = [] if clean is None or clean.chosen is None else [
+                (clean.key(NO_ATTACK), s) for s in rule.seeds[:level] if not runs.has(clean.key(NO_ATTACK), s)]
+            if race.missing or paired:
+                requests += race.missing + paired
+                waiting.add(group)
+                continue
+            state.attacks, state.seeds = race.kept, level
+            state.dropped_later.update(race.dropped)
+            if clean is not None:
+                clean.seeds = max(clean.seeds, level)
+            moved = True
+        if not moved:
+            break
     return Allocation(states, list(dict.fromkeys(requests)))
 
 

@@ -98,12 +98,20 @@ def paired_seeds(runs: Runs, clean: ComboKey, state: CellState, pool: Sequence[i
     return [s for s in seeds if runs.has(clean, s) and all(runs.has(state.key(a), s) for a in state.attacks)]
 
 
-def decide(runs: Runs, clean: ComboKey, state: CellState, judge: Judge) -> Decision:
-    """The decision of one attacked cell (module docstring)."""
+def clean_seeds(runs: Runs, clean: ComboKey, state: CellState, rule: Rule) -> list[int]:
+    """The seeds of a clean run its allocation reached (``state.seeds`` of the pool) that
+    finished."""
+    return [s for s in rule.seeds[:max(state.seeds, 1)] if runs.has(clean, s)]
+
+
+def decide(runs: Runs, clean: ComboKey, state: CellState, judge: Judge, clean_state: CellState | None = None
+           ) -> Decision:
+    """The decision of one attacked cell (module docstring); the tolerance follows the
+    clean accuracy over the seeds ``clean_state`` reached (default: the cell's)."""
     seeds = paired_seeds(runs, clean, state, judge.rule.seeds)
     clean_values = np.asarray(runs.values(clean, seeds, "test"))
-    tolerance = judge.tolerance.of(float(np.mean(runs.values(clean, runs.seeds_of(clean, judge.rule.seeds), "test"))),
-                                   judge.chance)
+    reached = clean_seeds(runs, clean, clean_state or state, judge.rule)
+    tolerance = judge.tolerance.of(float(np.mean(runs.values(clean, reached, "test"))), judge.chance)
     if not state.attacks or not seeds:
         return Decision(PENDING if state.attacks else NOT_APPLICABLE, "", math.nan, math.nan, math.nan, tolerance, 0)
     drops = {a: t_interval(clean_values - np.asarray(runs.values(state.key(a), seeds, "test")), judge.rule.level)
@@ -147,12 +155,11 @@ class Status:
 
 def statuses(runs: Runs, states: Mapping[GroupKey, CellState], judge: Judge) -> dict[tuple[str, str], Status]:
     """Every defense's status at every level (module docstring)."""
-    pool = judge.rule.seeds
     means: dict[tuple[str, str], tuple[float, int]] = {}
-    for (method, level, fraction) in states:
+    for (method, level, fraction), state in states.items():
         key = clean_key(states, method, level)
         if fraction == 0 and key is not None:
-            seeds = runs.seeds_of(key, pool)
+            seeds = clean_seeds(runs, key, state, judge.rule)
             means[(method, level)] = (float(np.mean(runs.values(key, seeds, "test"))), len(seeds))
     out = {}
     for (method, level, fraction) in states:
@@ -164,7 +171,7 @@ def statuses(runs: Runs, states: Mapping[GroupKey, CellState], judge: Judge) -> 
             continue
         clean, count = means[(method, level)]
         tolerance = judge.tolerance.of(clean, judge.chance)
-        rise = climb(runs, key, runs.seeds_of(key, pool), judge.rounds[method])
+        rise = climb(runs, key, clean_seeds(runs, key, states[(method, level, 0.0)], judge.rule), judge.rounds[method])
         locals_ = [means[(ref, level)][0] for ref in judge.references if (ref, level) in means]
         reference = max([judge.chance, *locals_])
         if method in judge.references:
@@ -192,7 +199,7 @@ def decisions(runs: Runs, states: Mapping[GroupKey, CellState], judge: Judge) ->
             out[group] = Decision(PENDING if applicable else NOT_APPLICABLE, "", math.nan, math.nan, math.nan,
                                   math.nan, 0)
             continue
-        out[group] = decide(runs, key, state, judge)
+        out[group] = decide(runs, key, state, judge, states[(method, level, 0.0)])
     return out
 
 

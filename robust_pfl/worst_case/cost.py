@@ -157,7 +157,7 @@ def measured_text(finals: pd.DataFrame, plan: Plan, full: BenchmarkSpec) -> str:
     if seconds_.empty:
         return "no run finished."
     per_run = float(seconds_.mean())
-    made = len(seconds_)
+    made = len(plan.factorial_cells)
     rounds = float(np.mean([c.rounds for c in plan.combos.values()])) if plan.combos else 1.0
     full_rounds = float(np.mean([full.rounds_of(d) for d in full.defenses]))
     runs = _full_runs(full)

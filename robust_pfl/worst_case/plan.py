@@ -29,8 +29,9 @@ from robust_pfl.worst_case.spec import ALL, BenchmarkSpec, Defense
 
 #: The store's axis columns of a benchmark's cells.
 COLUMNS = ["method", "candidate", "heterogeneity", "fraction", "attack", "seed"]
-#: ``section`` of a cell: the clean cell, a robustness attack, a backdoor.
-CLEAN, ROBUST, BACKDOOR = "clean", "attack", "backdoor"
+#: ``section`` of a cell: the clean cell, a robustness attack, a backdoor, a diagnostic
+#: run beside the factorial (:mod:`robust_pfl.worst_case.theorem`).
+CLEAN, ROBUST, BACKDOOR, DIAGNOSTIC = "clean", "attack", "backdoor", "diagnostic"
 #: The attack label of the clean cells.
 NO_ATTACK = "none"
 
@@ -75,6 +76,8 @@ class Plan:
     attacks: dict[tuple[GroupKey, str], list[str]] = field(default_factory=dict)
     backdoors: dict[tuple[GroupKey, str], list[str]] = field(default_factory=dict)
     not_applicable: list[dict[str, Any]] = field(default_factory=list)
+    #: runs beside the factorial (the theorem diagnostics): never allocated or judged
+    extras: dict[ComboKey, Combo] = field(default_factory=dict)
     _cells: dict[tuple[ComboKey, int], GridCell] = field(default_factory=dict)
     _made: dict[str, ComboKey] = field(default_factory=dict)  # cell key -> its combination
 
@@ -90,7 +93,7 @@ class Plan:
         """The run of combination ``key`` with ``seed`` (made once, then kept)."""
         found = self._cells.get((key, seed))
         if found is None:
-            combo = self.combos[key]
+            combo = self.combos[key] if key in self.combos else self.extras[key]
             config = combo.config.model_copy(update={"seeds": [seed]})
             axes = dict(zip(COLUMNS, (*key, seed)))
             found = GridCell(cell_key(config), axes, config.model_dump(), combo.n_clients, combo.n_byzantine,
@@ -106,7 +109,19 @@ class Plan:
 
     def combo_of(self, cell: str) -> Combo:
         """The combination of a cell made from this plan."""
-        return self.combos[self._made[cell]]
+        key = self._made[cell]
+        return self.combos[key] if key in self.combos else self.extras[key]
+
+    def add_extra(self, key: ComboKey, config: ExperimentConfig, section: str) -> None:
+        """A run beside the factorial (validated ``config``)."""
+        from robust_pfl.experiments import byzantine_count, client_count
+
+        self.extras[key] = Combo(key, section, config, client_count(config), byzantine_count(config), config.rounds)
+
+    @property
+    def factorial_cells(self) -> list[GridCell]:
+        """The cells made so far of the factorial (not its extras)."""
+        return [made for (key, _), made in self._cells.items() if key in self.combos]
 
     def section(self, cell: str) -> str:
         """The section of a cell made from this plan."""

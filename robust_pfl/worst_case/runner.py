@@ -6,6 +6,7 @@ figures and page."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,10 +20,10 @@ from robust_pfl.costs import readable_duration
 from robust_pfl.engine.results import close_figure, json_safe, png_writer, write_files
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import GridCell, Resources
-from robust_pfl.worst_case import analysis, cost, figures, report
+from robust_pfl.worst_case import analysis, cost, figures, report, theorem
 from robust_pfl.worst_case.allocation import Allocation, Rule, Runs, allocate
 from robust_pfl.worst_case.analysis import Judge
-from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, Plan, attack_set, build_plan
+from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
 from robust_pfl.worst_case.spec import BenchmarkSpec, load_benchmark, parse_benchmark
 
 #: The final metrics a benchmark reads from each cell.
@@ -50,6 +51,7 @@ class BenchmarkResult:
     rule: Rule
     summary: dict[str, Any] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    readings: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=theorem.COLUMNS))  # theorem.py
 
 
 def finals_frame(out: Path, plan: Plan, cells: list[GridCell]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -157,6 +159,7 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
             "backdoors.csv": result.backdoors.to_csv(index=False),
             "best_defense.csv": result.best.to_csv(index=False),
             "tuning.csv": result.chosen.to_csv(index=False),
+            "theorem.csv": result.readings.to_csv(index=False),
             "not_applicable.csv": result.not_applicable.to_csv(index=False),
             "report.md": report.page(result, {name: figures.FIGURES[name] for name in drawn}),
             RECORD: json.dumps(json_safe(record(result)), indent=1, allow_nan=False) + "\n",
@@ -253,10 +256,13 @@ def run_benchmark(
             totals["ran"] += summary["ran"]
             errored.update(summary["errored"])
             provenance = summary["provenance"]
+        result = analyse(spec, plan, finals, curves)
+        readings, ran = _theorem_readings(result, out, backend, progress, resources, say, errored)
+        totals["ran"] += ran
+        totals["stages"] += bool(ran)
     finally:
         if owned:
             backend.close()
-    result = analyse(spec, plan, finals, curves)
     entries = attack_set(spec)
     seconds = time.perf_counter() - start
     measured = float(finals["cell_seconds"].sum()) if len(finals) else 0.0
@@ -284,9 +290,60 @@ def run_benchmark(
         if spec.benchmark.tune else "none: the file's values",
         "per_cell": cost.measured_text(finals, plan, full),
         "provenance": provenance or _provenance(spec),
+        "theorem": theorem.markdown(readings),
     }
+    result.readings = readings
     result.files = write_report(result, out, Path(page) if page is not None else None)
     return result
+
+
+def breaking_cells(result: BenchmarkResult) -> dict[tuple, str]:
+    """The combinations that decided a *breaks* verdict (the chosen candidate under the
+    deciding attack), each with its method's name."""
+    names = {d.display: d.name for d in result.spec.defenses}
+    out = {}
+    for row in result.breakdown.itertuples():
+        if row.status != analysis.DECIDED or not math.isfinite(row.breaks_at) or row.why == "not applicable":
+            continue
+        cell = result.table[(result.table["method"] == row.method) & (result.table["heterogeneity"] == row.heterogeneity)
+                            & (result.table["fraction"] == row.breaks_at)]
+        if len(cell):
+            cell = cell.iloc[0]
+            out[(row.method, cell["candidate"], row.heterogeneity, float(row.breaks_at), cell["decided_by"])] = \
+                names[row.method]
+    return out
+
+
+def _theorem_readings(result: BenchmarkResult, out: Path, backend: Backend, progress: bool | None,
+                      resources: Resources | None, say: Callable[[str], None],
+                      errored: dict[str, str]) -> tuple[pd.DataFrame, int]:
+    """Run the diagnostic of every threshold-clustering break
+    (:mod:`robust_pfl.worst_case.theorem`) and read it; returns the readings and the
+    runs made now."""
+    from robust_pfl.experiments import parse_and_validate
+
+    plan = result.plan
+    items = theorem.diagnostics(plan, breaking_cells(result))
+    cells = []
+    for item in items:
+        if item.key not in plan.extras:
+            plan.add_extra(item.key, parse_and_validate(item.payload, plan.spec.source), DIAGNOSTIC)
+        cells.append(plan.cell(item.key, plan.seeds[0]))
+    ran = 0
+    if cells:
+        say(f"theorem diagnostics: {len(cells)} runs")
+        summary = run_grid(plan.grid(cells, resources), out, backend, progress)
+        ran = summary["ran"]
+        errored.update(summary["errored"])
+    rows = grid_results(out, plan.grid(cells)) if cells else pd.DataFrame()
+    if rows.empty:
+        return pd.DataFrame(columns=theorem.COLUMNS), ran
+    final = rows[rows["final"].astype(str) == "True"]
+    values = final.pivot_table(index="cell", columns="metric", values="value", aggfunc="first").reset_index()
+    axes = pd.DataFrame([{"cell": c.cell, **c.axes} for c in cells])
+    frame = axes.merge(values, on="cell", how="inner")
+    frame["fraction"] = frame["fraction"].astype(float)
+    return theorem.readings(frame, items, plan), ran
 
 
 def _provenance(spec: BenchmarkSpec) -> dict[str, Any]:
