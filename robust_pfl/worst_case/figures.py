@@ -35,6 +35,19 @@ def pdf_writer(figure: Any) -> Callable[[Any], None]:
     return lambda path: figure.savefig(path, format="pdf", bbox_inches="tight")
 
 
+def png_writer(figure: Any) -> Callable[[Any], None]:
+    """A figure saved as PNG at :data:`DPI` (nothing clipped)."""
+    return lambda path: figure.savefig(path, format="png", dpi=DPI, bbox_inches="tight")
+
+
+def _title(figure: Any, text: str, fontsize: float = 8) -> None:
+    """A figure title wrapped to the figure's width (never wider than the figure)."""
+    import textwrap
+
+    width = max(20, int(figure.get_figwidth() * 110 / fontsize))
+    figure.suptitle("\n".join(textwrap.wrap(text, width)), fontsize=fontsize)
+
+
 def _text(value: str) -> str:
     """A label drawn as text: matplotlib's mathtext ``$`` escaped."""
     return str(value).replace("$", r"\$")
@@ -77,23 +90,27 @@ def heatmaps_figure(table: pd.DataFrame, defenses: Sequence[str], levels: Sequen
                 if row.status == OPEN and row.decision in MARKS:
                     lines.append(MARKS[row.decision])
             colour = "white" if row.worst < 0.55 else "black"
-            ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=6, color=colour, linespacing=1.1)
             if row.status in NO_VERDICT:
-                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.85",
-                                           linewidth=0))
+                ax.add_patch(plt.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, hatch="//",
+                                           edgecolor=(1, 1, 1, 0.3), linewidth=0))
+            ax.text(x, y, "\n".join(lines), ha="center", va="center", fontsize=6.5, color=colour, linespacing=1.1,
+                    fontweight="bold" if row.status == OPEN and row.decision == BREAKS else "normal")
         title = _text(defense) + (f"\n({', '.join(without)}: no verdict)" if without else "")
         ax.set_title(title, fontsize=8)
         ax.set_xticks(range(len(fractions)), _columns(fractions), fontsize=7)
         ax.set_yticks(range(len(levels)), [_text(level) for level in levels], fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("Byzantine fraction", fontsize=7)
+    for index, ax in enumerate(axes.ravel()):
+        below = index + columns
+        if below >= len(defenses):  # the lowest visible panel of its column: its fractions shown
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("Byzantine fraction", fontsize=7)
     for ax in axes.ravel()[len(defenses):]:
         ax.set_visible(False)
     if image is not None:
         bar = figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, pad=0.01)
         bar.set_label("worst-case test accuracy (%)", fontsize=8)
-    figure.suptitle("Worst-case test accuracy (%) over the attacks; cell: accuracy, worst attack, decision "
-                    "(?: inconclusive); hatched: no verdict; blank: not run", fontsize=8)
+    _title(figure, "Worst-case test accuracy (%) over the attacks; cell: accuracy, worst attack, decision "
+                   "(?: inconclusive); hatched: no verdict; blank: not run")
     return figure
 
 
@@ -117,7 +134,8 @@ def best_figure(best: pd.DataFrame, levels: Sequence[str], fractions: Sequence[f
         ax.text(x, y, text, ha="center", va="center", fontsize=7, color="white" if values[y, x] < 55 else "black")
     ax.set_xticks(range(len(fractions)), _columns(fractions))
     ax.set_yticks(range(len(levels)), [_text(level) for level in levels])
-    ax.set(xlabel="Byzantine fraction", title="Best defense per cell (worst-case accuracy, %; *: separated)")
+    ax.set(xlabel="Byzantine fraction")
+    _title(figure, "Best defense per cell (worst-case accuracy, %; *: its interval above the runner-up's)", 9)
     bar = figure.colorbar(image, ax=ax)
     bar.set_label("worst-case test accuracy (%)")
     return figure
@@ -159,10 +177,12 @@ def lines_figure(table: pd.DataFrame, defenses: Sequence[str], levels: Sequence[
         ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("worst-case accuracy (%)", fontsize=7)
-    for ax in axes[-1]:
-        ax.set_xlabel("Byzantine fraction", fontsize=7)
+    for index, ax in enumerate(axes.ravel()):
+        if index + columns >= len(defenses):
+            ax.tick_params(labelbottom=True)
+            ax.set_xlabel("Byzantine fraction", fontsize=7)
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="outside lower center", ncols=max(1, len(levels)), fontsize=7)
-    figure.suptitle("Worst case against the fraction (band: interval; open marker: inconclusive; dashed: no "
-                    "verdict)", fontsize=8)
+    _title(figure, "Worst case against the fraction (band: interval; open marker: inconclusive; dashed: no "
+                   "verdict)")
     return figure

@@ -17,7 +17,7 @@ import pandas as pd
 
 from robust_pfl.backends import Backend, LocalBackend
 from robust_pfl.costs import readable_duration
-from robust_pfl.engine.results import close_figure, json_safe, png_writer, write_files
+from robust_pfl.engine.results import close_figure, json_safe, write_files
 from robust_pfl.grid import grid_results, run_grid
 from robust_pfl.grid_file import GridCell, Resources
 from robust_pfl.worst_case import analysis, cost, figures, report, theorem
@@ -166,7 +166,7 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
         }
         for name, figure in drawn.items():
             stem = figures.FIGURES[name]
-            files[stem] = png_writer(figure, dpi=figures.DPI)
+            files[stem] = figures.png_writer(figure)
             files[stem.replace(".png", ".pdf")] = figures.pdf_writer(figure)
         write_files(out, files)
         written = [out / name for name in files]
@@ -175,7 +175,7 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
             beside = {name: f"{page_path.stem}_{figures.FIGURES[name]}" for name in drawn}
             page_files: dict[str, Any] = {page_path.name: report.page(result, beside)}
             for name, figure in drawn.items():
-                page_files[beside[name]] = png_writer(figure, dpi=figures.DPI)
+                page_files[beside[name]] = figures.png_writer(figure)
                 page_files[beside[name].replace(".png", ".pdf")] = figures.pdf_writer(figure)
             write_files(page_path.parent, page_files)
             written += [page_path.parent / path for path in page_files]
