@@ -103,7 +103,8 @@ def run_grid(grid: Mapping[str, Any] | str | Path, *, out_dir: str | Path | None
 
 def benchmark(source: Mapping[str, Any] | str | Path, *, out_dir: str | Path | None = None, quick: bool = False,
               subset: str | None = None, tune: bool | None = None, jobs: int = 1, backend: str = "local",
-              device: str | None = None, progress: bool | None = None, page: str | Path | None = None):
+              device: str | None = None, progress: bool | None = None, page: str | Path | None = None,
+              data_dir: str | Path | None = None):
     """Run a worst-case benchmark (a benchmark file's path, or a dict with its
     structure) and return its :class:`~robust_pfl.worst_case.BenchmarkResult`: the
     worst-case table (``result.table``), breakdowns, backdoors, best defenses and the
@@ -112,7 +113,8 @@ def benchmark(source: Mapping[str, Any] | str | Path, *, out_dir: str | Path | N
     ``out_dir`` is the benchmark's store (finished cells are not run again); without
     it a temporary directory is used.  ``quick``/``subset`` pick the file's profiles,
     ``tune = False`` keeps the file's values, ``jobs``/``backend`` run the cells in
-    parallel (``"local"`` processes or ``"ray"``), ``page`` writes the results page."""
+    parallel (``"local"`` processes or ``"ray"``), ``page`` writes the results page,
+    ``data_dir`` sets the data set's directory (``task.data_dir``)."""
     from robust_pfl.backends import make_backend
     from robust_pfl.worst_case import run_benchmark
 
@@ -122,4 +124,5 @@ def benchmark(source: Mapping[str, Any] | str | Path, *, out_dir: str | Path | N
         cells = make_backend(backend, jobs=jobs)
         stack.callback(cells.close)
         return run_benchmark(source, Path(out_dir), quick=quick, subset=subset, tune=tune, backend=cells,
-                             device=device, progress=progress, page=page, workers=jobs)
+                             device=device, progress=progress, page=page, workers=jobs,
+                             data_dir=None if data_dir is None else str(data_dir))

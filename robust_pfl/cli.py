@@ -197,6 +197,7 @@ def _benchmark(args: argparse.Namespace) -> int:
     with _backend(args, _recipe_resources(args)) as backend:
         result = run_benchmark(args.benchmark, out, quick=args.quick, subset=args.subset,
                                tune=False if args.no_tune else None, backend=backend, device=args.device,
+                               data_dir=args.data_dir,
                                page=args.page, command=_benchmark_command(args), resources=cells,
                                workers=args.jobs or 1)
     summary = result.summary
@@ -219,6 +220,7 @@ def _benchmark_command(args: argparse.Namespace) -> str:
     words += ["--subset", args.subset] if args.subset else []
     words += ["--no-tune"] if args.no_tune else []
     words += ["--device", args.device] if args.device else []
+    words += ["--data-dir", args.data_dir] if args.data_dir else []
     words += ["--out", args.out] if args.out else []
     words += ["--page", args.page] if args.page else []
     return " ".join(shlex.quote(word) for word in words)
@@ -476,6 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="the file's quick profile: a smoke run of minutes")
     bench.add_argument("--subset", metavar="NAME", default=None, help="the file's [benchmark.subsets.NAME] profile")
     bench.add_argument("--no-tune", action="store_true", help="run the file's values, no tuning grid")
+    bench.add_argument("--data-dir", metavar="DIR", default=None,
+                       help="the data set's directory (sets task.data_dir; default: the file's, else $ROBUST_PFL_DATA)")
     bench.add_argument("--page", metavar="PATH", default=None,
                        help="also write the results page there (figures beside it)")
     _add_backend_options(bench)

@@ -5,6 +5,7 @@ figures and page."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -24,7 +25,8 @@ from robust_pfl.worst_case import analysis, cost, figures, report, theorem
 from robust_pfl.worst_case.allocation import Allocation, Rule, Runs, allocate
 from robust_pfl.worst_case.analysis import Judge
 from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
-from robust_pfl.worst_case.spec import BenchmarkSpec, load_benchmark, parse_benchmark
+from robust_pfl.config import read_toml_file
+from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark
 
 #: The final metrics a benchmark reads from each cell.
 METRICS = ("test_accuracy", "validation_accuracy", "validation_loss", "worst_cluster_test_accuracy",
@@ -201,36 +203,38 @@ def record(result: BenchmarkResult) -> dict[str, Any]:
 
 
 def _load(source: str | Path | Mapping[str, Any], quick: bool, subset: str | None, tune: bool | None,
-          device: str | None) -> tuple[BenchmarkSpec, BenchmarkSpec]:
-    """The spec to run and the file's full spec."""
+          device: str | None, data_dir: str | None = None) -> tuple[BenchmarkSpec, BenchmarkSpec]:
+    """The spec to run and the file's full spec (``device`` and ``data_dir`` set in
+    both)."""
     if isinstance(source, Mapping):
-        data = dict(source)
-        if device is not None:
-            data["device"] = device
-        return parse_benchmark(data, "<benchmark>", None, quick, subset, tune), parse_benchmark(data, "<benchmark>", None)
-    spec = load_benchmark(source, quick, subset, tune)
+        data, where, base_dir = copy.deepcopy(dict(source)), "<benchmark>", None
+    else:
+        data, where, base_dir = read_toml_file(source, "benchmark"), str(source), Path(source).parent
     if device is not None:
-        spec = spec.model_copy(update={"base": {**spec.base, "device": device}})
-    return spec, load_benchmark(source)
+        data["device"] = device
+    if data_dir is not None:
+        data["task"] = {**(data.get("task") or {}), "data_dir": str(data_dir)}
+    return (parse_benchmark(data, where, base_dir, quick, subset, tune),
+            parse_benchmark(data, where, base_dir))
 
 
 def run_benchmark(
     source: str | Path | Mapping[str, Any], out: str | Path, *, quick: bool = False, subset: str | None = None,
     tune: bool | None = None, backend: Backend | None = None, device: str | None = None,
     progress: bool | None = None, page: str | Path | None = None, say: Callable[[str], None] | None = None,
-    command: str | None = None, resources: Resources | None = None, workers: int = 1,
+    command: str | None = None, resources: Resources | None = None, workers: int = 1, data_dir: str | None = None,
 ) -> BenchmarkResult:
     """Run the benchmark ``source`` (a file path or its parsed mapping) into ``out``.
 
     ``quick``/``subset`` select the file's profiles, ``tune = False`` keeps the file's
-    values, ``device`` replaces every cell's; ``backend`` runs the cells (default one
+    values, ``device`` and ``data_dir`` replace every cell's; ``backend`` runs the cells (default one
     after another here; ``workers``: how many cells it runs at once, for the estimate);
     ``page`` also writes the results page there; ``say`` gets the plan, cost and stage
     lines (default: standard error).
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     start = time.perf_counter()
-    spec, full = _load(source, quick, subset, tune, device)
+    spec, full = _load(source, quick, subset, tune, device, data_dir)
     plan = build_plan(spec)
     out = Path(out)
     estimate = cost.estimate(plan, rule_of(spec))
