@@ -105,6 +105,10 @@ CASES = {
         {"name": "optimised"},
     ),
     "global-bucketing": ({"name": "global", "lr": 0.05, "aggregator": {"name": "bucketing", "s": 2}}, {"name": "alie"}),
+    # a warm-started search: the previous round's value lives in the federation's attack memory (a
+    # resume that lost it would search afresh in round 2 and differ here)
+    "global-geometric-median-optimal-ipm-warm": (
+        {"name": "global", "lr": 0.05, "aggregator": "geometric_median"}, {"name": "optimal_ipm", "search_every": 3}),
     "ifca": ({"name": "ifca", "lr": 0.05, "heavy_ball": 0.5}, {"name": "large_gradient"}),
     "ditto": ({"name": "ditto", "lr": 0.05, "heavy_ball": 0.5}, {"name": "large_gradient"}),
     "local": ({"name": "local", "lr": 0.05, "heavy_ball": 0.9}, {"name": "none"}),
