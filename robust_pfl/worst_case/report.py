@@ -175,7 +175,8 @@ def page(result: Any, figures: dict[str, str]) -> str:
     lines = [
         f"# Worst-case benchmark: {summary['name']}",
         "",
-        f"*Produced by `{summary['command']}` at commit `{prov.get('git_commit') or 'unknown'}` on "
+        f"*Produced by `{summary['command']}` at commit `{(prov.get('git_commit') or 'unknown')[:7]}`"
+        f"{' with uncommitted changes' if summary.get('dirty') else ''} on "
         f"{prov.get('machine', 'this machine')} ({prov.get('torch', '')}, {summary['device']}); "
         f"{summary['cells']} runs ({summary['ran']} run now in {summary['stages']} stages, {summary['skipped']} "
         f"finished before, {summary['errors']} errored) of the {summary['full_factorial']} of the full factorial; "

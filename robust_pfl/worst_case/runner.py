@@ -26,6 +26,7 @@ from robust_pfl.worst_case.allocation import Allocation, Rule, Runs, allocate
 from robust_pfl.worst_case.analysis import Judge
 from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
 from robust_pfl.config import read_toml_file
+from robust_pfl.provenance import git_dirty
 from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark
 
 #: The final metrics a benchmark reads from each cell.
@@ -294,6 +295,7 @@ def run_benchmark(
         if spec.benchmark.tune else "none: the file's values",
         "per_cell": cost.measured_text(finals, plan, full),
         "provenance": provenance or _provenance(spec),
+        "dirty": git_dirty(),
         "theorem": theorem.markdown(readings),
     }
     result.readings = readings
