@@ -115,8 +115,10 @@ def test_tuning_chooses_the_same_settings_when_the_test_labels_change(tmp_path, 
 
     monkeypatch.setattr(experiments, "_dataset", relabelled)
     second = run_benchmark(path, tmp_path / "b", say=lambda line: None, progress=False)
-    assert not first.finals["test_accuracy"].equals(second.finals["test_accuracy"])
-    assert first.finals["validation_accuracy"].tolist() == second.finals["validation_accuracy"].tolist()
+    both = first.finals.merge(second.finals, on="cell", suffixes=("", "_relabelled"))
+    assert len(both) and not both["test_accuracy"].equals(both["test_accuracy_relabelled"])
+    assert both["validation_accuracy"].tolist() == both["validation_accuracy_relabelled"].tolist()
+    # the seeds an open verdict takes may differ (they read test accuracies); the choices may not
     assert first.chosen.equals(second.chosen)
 
 

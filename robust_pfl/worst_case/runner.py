@@ -243,7 +243,8 @@ def run_benchmark(
         f"{len(plan.not_applicable)} not applicable; {estimate.text(workers)}")
     owned = backend is None
     backend = backend or LocalBackend()
-    totals = {"ran": 0, "stages": 0}
+    totals = {"ran": 0, "stages": 0}  # runs made and stages that made some, in this call
+    asked = 0
     errored: dict[str, str] = {}
     provenance: dict[str, Any] = {}
     try:
@@ -254,11 +255,12 @@ def run_benchmark(
             todo = [cell for cell in wanted if cell.cell not in errored]
             if not todo:
                 break
-            totals["stages"] += 1
-            say(f"stage {totals['stages']}: {len(todo)} runs (estimated {readable_duration(cost.seconds(todo, plan))} "
-                "of compute)")
+            asked += 1
+            say(f"stage {asked}: {len(todo)} runs (estimated {readable_duration(cost.seconds(todo, plan))} "
+                "of compute, less any finished before)")
             summary = run_grid(plan.grid(todo, resources), out, backend, progress)
             totals["ran"] += summary["ran"]
+            totals["stages"] += summary["ran"] > 0
             errored.update(summary["errored"])
             provenance = summary["provenance"]
         result = analyse(spec, plan, finals, curves)
