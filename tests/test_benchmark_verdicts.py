@@ -145,15 +145,18 @@ def states_of(runs: Runs, methods: list[str], fractions: list[float], seeds: int
 
 
 def test_a_clean_run_still_climbing_gets_no_verdict():
-    curve = {(key("D", "x", 0.0, "none"), s): [(0, 0.1), (50, 0.5), (70, 0.6), (100, 0.9)] for s in SEEDS[:4]}
-    flat = {(key("E", "x", 0.0, "none"), s): [(0, 0.1), (50, 0.88), (70, 0.9), (100, 0.9)] for s in SEEDS[:4]}
+    curve = {(key("D", "x", 0.0, "none"), s): [(0, 0.1), (50, 0.5), (70, 0.6), (90, 0.8), (100, 0.9)]
+             for s in SEEDS[:4]}
+    flat = {(key("E", "x", 0.0, "none"), s): [(0, 0.1), (50, 0.88), (70, 0.9), (90, 0.89), (100, 0.9)]
+            for s in SEEDS[:4]}
     table = {key(m, "x", 0.0, "none"): CLEAN for m in "DE"}
     table.update({key(m, "x", 0.2, "a"): [(0.3, 0.3)] * 4 for m in "DE"})
     runs = runs_of(table, {**curve, **flat})
     states = states_of(runs, ["D", "E"], [0.0, 0.2])
     found = analysis.statuses(runs, states, judge())
     assert found[("D", LEVEL)].status == analysis.NOT_CONVERGED
-    assert found[("D", LEVEL)].climb == pytest.approx(0.3)  # 0.9 at 100 minus 0.6 at 70 (<= 75)
+    # the last two evaluations (0.8, 0.9) against the last two at or before round 75 (0.5, 0.6)
+    assert found[("D", LEVEL)].climb == pytest.approx(0.3)
     assert found[("E", LEVEL)].status == analysis.OPEN
     rows = analysis.breakdown(runs, states, judge(), [0.0, 0.2]).set_index("method")
     assert rows.loc["D", "verdict"].startswith("no verdict: clean run still climbing")

@@ -20,7 +20,8 @@ Per defense and level (:func:`statuses`), before any verdict:
 * **reference**: Local needs no collaboration; its robustness is by construction.
 * **not converged**: the clean run's validation accuracy (chosen candidate, mean over
   its seeds) still climbed more than ``plateau`` points over the last quarter of the
-  run (from the last evaluation at or before ``3T/4`` to the end).
+  run (:func:`climb`: its last two evaluations against the last two at or before
+  ``3T/4``).
 * **vacuous**: the clean accuracy is within the tolerance of a reference that needs
   no collaboration: chance (1 / classes) or Local's clean accuracy at that level.
 
@@ -126,16 +127,18 @@ def decide(runs: Runs, clean: ComboKey, state: CellState, judge: Judge, clean_st
 
 
 def climb(runs: Runs, clean: ComboKey, seeds: Sequence[int], rounds: int) -> float:
-    """Mean over ``seeds`` of the clean run's validation accuracy at the end minus at the
-    last evaluation at or before ``3 * rounds / 4`` (nan without curves)."""
+    """How much the clean run's validation accuracy still rose over the last quarter
+    of the run: the mean of its last two evaluations minus the mean of the last two at
+    or before ``3 * rounds / 4`` (two a side, so that one noisy evaluation decides
+    nothing), averaged over ``seeds`` (nan without curves)."""
     rises = []
     for seed in seeds:
         curve = runs.curves.get((clean, seed))
         if not curve:
             continue
-        end = curve[-1][1]
-        before = [value for round_, value in curve if round_ <= 0.75 * rounds]
-        rises.append(end - (before[-1] if before else curve[0][1]))
+        before = [value for round_, value in curve if round_ <= 0.75 * rounds] or [curve[0][1]]
+        end = [value for round_, value in curve if round_ > 0.75 * rounds] or [curve[-1][1]]
+        rises.append(float(np.mean(end[-2:]) - np.mean(before[-2:])))
     return float(np.mean(rises)) if rises else math.nan
 
 
