@@ -296,3 +296,25 @@ def test_t_interval_matches_scipy_at_the_per_look_level():
     mean, low, high = t_interval(values, level)
     half = stats.t.ppf(0.5 + level / 2, 3) * values.std(ddof=1) / 2
     assert (low, high) == pytest.approx((mean - half, mean + half))
+
+
+def test_candidates_race_on_the_references_worst_survivors_then_the_chosen_faces_the_rest():
+    """Five attacks survive at the reference x (none clearly less damaging than the
+    worst); y runs only the three of lowest mean validation accuracy at x (c, d, e);
+    chosen, y then screens a and b."""
+    attacks = ["a", "b", "c", "d", "e"]
+    plan = plan_of({("D", 0.2): {"x": attacks, "y": attacks}})
+    rule = Rule(SEEDS, 2)
+    # means 0.40, 0.35, 0.30, 0.25, 0.20; the differences to e vary too much across the two
+    # seeds for any to be clearly less damaging
+    seeds = {"a": (0.60, 0.20), "b": (0.15, 0.55), "c": (0.45, 0.15), "d": (0.20, 0.30), "e": (0.30, 0.10)}
+    table = {key("D", "x", 0.2, a): [(v, v) for v in values] for a, values in seeds.items()}
+    tuning = tune(runs_of(table), plan, ("D", LEVEL, 0.2), rule)
+    assert not tuning.dropped_attacks["x"]
+    assert sorted({request[0][4] for request in tuning.missing}) == ["c", "d", "e"]
+    assert {request[0][1] for request in tuning.missing} == {"y"}
+    table.update({key("D", "y", 0.2, a): [(0.9, 0.9), (0.8, 0.8)] for a in "cde"})  # 0.7 above x on both seeds
+    tuning = tune(runs_of(table), plan, ("D", LEVEL, 0.2), rule)
+    assert tuning.chosen == "y" and sorted({request[0][4] for request in tuning.missing}) == ["a", "b"]
+    everything = tune(runs_of(table), plan, ("D", LEVEL, 0.2), Rule(SEEDS, 2, compare=None))
+    assert sorted({request[0][4] for request in everything.missing}) == ["a", "b"]  # y raced all five: it lacks a, b

@@ -12,18 +12,22 @@ and every interval is a Student-t interval of a mean of differences *paired by s
    attack runs with the first ``n0`` seeds.  Attack ``a`` is dropped when the interval
    of its validation accuracy minus the worst attack's (the lowest mean validation
    accuracy) lies above 0: it is clearly less damaging.
-2. **Candidates raced on the survivors.**  Every other candidate runs the reference's
-   surviving attacks (and races them itself).  A candidate's score on a seed is its
-   worst validation accuracy over its attacks on that seed; a candidate whose score
-   minus the leader's (the highest mean score) has its interval below 0 is dropped.
+2. **Candidates raced on the worst survivors.**  Every candidate runs the reference's
+   :attr:`Rule.compare` surviving attacks of lowest mean validation accuracy (all of
+   them with ``compare = None``; and races them itself).  A candidate's score on a
+   seed is its worst validation accuracy over those attacks on that seed; a candidate
+   whose score minus the leader's (the highest mean score) has its interval below 0 is
+   dropped.
    While more than one candidate is left, the next seed of the pool is added to all of
    them, up to the pool's end; then the leader is *chosen* (ties: the lower mean
    validation loss under its worst attack, then the order of the file).  Without
    racing (``racing = false``) every candidate runs every attack with the first ``n0``
    seeds and the leader is chosen there.
-3. **The chosen candidate faces every attack.**  When it is not the reference, the
-   attacks the reference's race dropped are run for it with ``n0`` seeds and raced
-   against its worst as in 1; those not dropped join its set.
+3. **The chosen candidate faces every attack.**  The attacks it has not raced (the
+   reference's other survivors, and, for another candidate, the attacks the
+   reference's race dropped) are run for it with ``n0`` seeds and raced against its
+   worst as in 1; those not dropped join its set (and get the seeds it was chosen
+   with).
 4. **Seeds for open verdicts.**  Walking the fractions upwards, a table cell whose
    verdict (:func:`robust_pfl.worst_case.analysis.decide`) is inconclusive gets the
    next seed, for its chosen candidate's attacks (still raced on validation as in 1)
@@ -67,6 +71,7 @@ class Rule:
     initial: int
     racing: bool = True
     confidence: float = 0.95
+    compare: int | None = 3  # the reference's worst surviving attacks the candidates race on (None: all)
 
     @property
     def first(self) -> int:
@@ -288,12 +293,14 @@ def tune(runs: Runs, plan: Plan, group: GroupKey, rule: Rule) -> Tuning:
     if screen.missing:
         out.missing = screen.missing
         return out
-    sets = {reference: screen.kept}
     out.dropped_attacks = {c: {} for c in candidates}
     out.dropped_attacks[reference].update(screen.dropped)
-    for candidate in candidates[1:]:
-        sets[candidate] = [a for a in (screen.kept if rule.racing else applicable[candidate])
-                           if a in applicable[candidate]] or list(applicable[candidate])
+    compared = screen.kept
+    if rule.racing and rule.compare is not None:
+        by_damage = sorted(screen.kept, key=lambda a: _mean(runs, key_of(group, reference, a), rule.seeds[:first]))
+        compared = [a for a in screen.kept if a in by_damage[:rule.compare]]
+    sets = {c: [a for a in (compared if rule.racing else applicable[c]) if a in applicable[c]]
+            or list(applicable[c]) for c in candidates}
     alive = list(candidates)
     for level in range(first, rule.cap + 1):
         missing: list[Request] = []
@@ -321,12 +328,17 @@ def tune(runs: Runs, plan: Plan, group: GroupKey, rule: Rule) -> Tuning:
             break
     chosen = out.chosen
     attacks = sets[chosen]
-    if rule.racing and chosen != reference:
+    if rule.racing:
         attacks, out.missing = _verified(runs, group, chosen, attacks, applicable[chosen],
                                          out.dropped_attacks[chosen], out.tuned_at, rule)
     order = applicable[chosen]
     out.attacks = sorted(attacks, key=order.index)
     return out
+
+
+def _mean(runs: Runs, key: ComboKey, seeds: Sequence[int]) -> float:
+    """Mean validation accuracy of ``key`` over ``seeds``."""
+    return float(np.mean(runs.values(key, seeds, "validation")))
 
 
 def _verified(runs: Runs, group: GroupKey, chosen: str, attacks: list[str], applicable: Sequence[str],

@@ -14,11 +14,11 @@ one.
 which runs to make, so the total is estimated by rule (:func:`estimate`): with
 ``n0`` initial seeds, per attacked cell of ``C`` candidates and ``A`` attacks, the
 reference runs all ``A`` attacks with ``n0`` seeds; the other ``C - 1`` candidates the
-share :data:`SURVIVING` of them with ``n0`` seeds and, while the candidates race,
-:data:`RACE_SEEDS` more seeds; the chosen candidate (another than the reference with
-probability ``1 - 1 / C``) screens the attacks the reference dropped; an open
-verdict adds :data:`VERDICT_SEEDS` seeds to the surviving attacks; backdoors run with
-``n0`` seeds.  Without racing every candidate runs every attack with ``n0`` seeds.
+``min(compare, S)`` worst of the ``S`` survivors (the share :data:`SURVIVING` of the
+attacks) with ``n0`` seeds and, while the candidates race, :data:`RACE_SEEDS` more
+seeds; the chosen candidate (another than the reference with probability ``1 - 1 /
+C``) screens the attacks it has not raced; an open verdict adds :data:`VERDICT_SEEDS`
+seeds to the surviving attacks; backdoors run with ``n0`` seeds.  Without racing every candidate runs every attack with ``n0`` seeds.
 The constants are the shares measured on the shipped page (docs/benchmark.md,
 "Cost"); ``tests/test_benchmark_cost.py`` checks the rule on a hand-made plan.
 """
@@ -136,12 +136,13 @@ def estimate(plan: Plan, rule: Rule) -> Estimate:
             continue
         attacks = len(costs[reference])
         kept = max(1.0, SURVIVING * attacks) if group[2] > 0 else 1.0
+        raced = kept if rule.compare is None else min(kept, rule.compare)
         stage = first * sum(costs[reference])
         first_stage += stage
-        later = first * sum(kept * mean[c] for c in others)
+        later = first * sum(raced * mean[c] for c in others)
         if len(live) > 1:
-            later += RACE_SEEDS * min(pool - first, 1) * sum(kept * mean[c] for c in live)
-            later += (1 - 1 / len(live)) * first * (attacks - kept) * float(np.mean(list(mean.values())))
+            later += RACE_SEEDS * min(pool - first, 1) * sum(raced * mean[c] for c in live)
+            later += (1 - 1 / len(live)) * first * (attacks - raced) * float(np.mean(list(mean.values())))
         if group[2] > 0:
             later += VERDICT_SEEDS * min(pool - first, 1) * kept * float(np.mean(list(mean.values())))
             later += first * float(np.mean([sum(backdoors[c]) for c in live]))

@@ -30,6 +30,7 @@ def worst_case_text(path: str | Path, fmt: str = "md") -> str:
     except (OSError, ValueError) as error:
         raise ResultsError(f"{path}: not a finished benchmark's output ({error})") from None
     rule = record.get("rule")
-    rule = None if rule is None else Rule(tuple(rule["seeds"]), rule["initial"], rule["racing"], rule["confidence"])
+    rule = None if rule is None else Rule(tuple(rule["seeds"]), rule["initial"], rule["racing"], rule["confidence"],
+                                          rule.get("compare"))
     return render_worst_case(table, record["fractions"], record["heterogeneity"], record["defenses"], skipped, rule,
                              fmt)

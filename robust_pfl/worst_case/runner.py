@@ -93,7 +93,7 @@ def chance_accuracy(spec: BenchmarkSpec) -> float:
 
 def rule_of(spec: BenchmarkSpec) -> Rule:
     table = spec.benchmark
-    return Rule(tuple(spec.seeds), table.initial_seeds, table.racing, table.confidence)
+    return Rule(tuple(spec.seeds), table.initial_seeds, table.racing, table.confidence, table.candidate_attacks)
 
 
 def judge_of(spec: BenchmarkSpec) -> Judge:
@@ -198,7 +198,7 @@ def record(result: BenchmarkResult) -> dict[str, Any]:
         "defenses": [d.display for d in spec.defenses],
         "tolerance": spec.benchmark.tolerance.model_dump(),
         "rule": {"seeds": list(result.rule.seeds), "initial": result.rule.initial, "racing": result.rule.racing,
-                 "confidence": result.rule.confidence},
+                 "confidence": result.rule.confidence, "compare": result.rule.compare},
         "summary": result.summary,
     }
 

@@ -23,7 +23,8 @@ cell, plus:
   ``initial_seeds`` (the seeds every run starts with; the file's ``seeds`` are the
   pool that undecided cells draw from), ``racing`` (drop attacks and tuning
   candidates whose interval lies clearly on the safe side:
-  :mod:`robust_pfl.worst_case.allocation`), ``plateau`` (points the clean validation
+  :mod:`robust_pfl.worst_case.allocation`), ``candidate_attacks`` (the reference's
+  worst surviving attacks the candidates race on), ``plateau`` (points the clean validation
   accuracy may still climb over the last quarter of a converged run),
   ``validation_per_client`` (every level's validation split, 10 by default),
   ``attack_options`` (options per attack name, for ``"all"`` and listed names),
@@ -123,6 +124,8 @@ class BenchmarkTable(_Strict):
     confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence of the intervals that decide")
     initial_seeds: int = Field(2, ge=1, description="seeds every run starts with (the file's seeds: the pool)")
     racing: bool = True
+    candidate_attacks: int | None = Field(3, ge=1, description="the reference's worst surviving attacks the "
+                                                               "candidates race on (None: every survivor)")
     plateau: float = Field(2.0, ge=0, le=100, description="points the clean validation accuracy may still climb "
                                                            "over the last quarter of a converged run")
     validation_per_client: int | None = Field(10, ge=1, description="validation samples per client of every "
