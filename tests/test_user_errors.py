@@ -115,7 +115,8 @@ def test_attack_listing_shows_no_internal_field(capsys):
             break
         if line.startswith("      ") and not line.startswith("       "):  # a parameter, not a continuation
             shown.append(line.split(":")[0].strip())
-    assert shown == ["base", "scales", "line_evaluations", "line_step", "refine_evaluations"]  # not `attack`
+    assert shown == ["base", "scales", "line_evaluations", "line_step", "refine_evaluations", "search_every",
+                     "warm_refine_evaluations"]  # not `attack`
 
 
 def test_catalog_skips_fields_the_class_sets_itself():

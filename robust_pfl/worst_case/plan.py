@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import attacks
 from robust_pfl.config import ConfigError, ExperimentConfig
@@ -78,6 +78,10 @@ class Plan:
     not_applicable: list[dict[str, Any]] = field(default_factory=list)
     #: runs beside the factorial (the theorem diagnostics): never allocated or judged
     extras: dict[ComboKey, Combo] = field(default_factory=dict)
+    #: one run's estimated seconds (the runner passes
+    #: :func:`robust_pfl.worst_case.cost.run_seconds`): its share of a stage's progress
+    #: ETA and its place in the start order; every run weighs the same without one
+    weigh: Callable[[Combo], float] = field(default=lambda combo: 1.0)
     _cells: dict[tuple[ComboKey, int], GridCell] = field(default_factory=dict)
     _made: dict[str, ComboKey] = field(default_factory=dict)  # cell key -> its combination
 
@@ -97,7 +101,7 @@ class Plan:
             config = combo.config.model_copy(update={"seeds": [seed]})
             axes = dict(zip(COLUMNS, (*key, seed)))
             found = GridCell(cell_key(config), axes, config.model_dump(), combo.n_clients, combo.n_byzantine,
-                             cell_seconds(combo))
+                             self.weigh(combo))
             self._cells[(key, seed)] = found
             self._made[found.cell] = key
         return found
@@ -133,14 +137,6 @@ class Plan:
     def full_factorial(self) -> int:
         """The runs of every applicable combination with every seed of the pool."""
         return len(self.combos) * len(self.seeds)
-
-
-def cell_seconds(combo: Combo) -> float:
-    """One run's estimated seconds (:func:`robust_pfl.worst_case.cost.run_seconds`): the
-    weight of its share of a stage's progress ETA."""
-    from robust_pfl.worst_case.cost import run_seconds
-
-    return run_seconds(combo)
 
 
 def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
@@ -236,12 +232,13 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
         raise ConfigError("\n".join([f"invalid config {spec.source}: a run without Byzantine clients fails", *problems]))
 
 
-def build_plan(spec: BenchmarkSpec) -> Plan:
+def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = None) -> Plan:
     """Every combination of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
-    combinations that fail validation are recorded as not applicable."""
+    combinations that fail validation are recorded as not applicable.  ``weigh``:
+    :attr:`Plan.weigh`."""
     from robust_pfl.experiments import byzantine_count, client_count, parse_and_validate
 
-    plan = Plan(spec)
+    plan = Plan(spec) if weigh is None else Plan(spec, weigh=weigh)
     entries = attack_set(spec)
     seen: dict[str, ComboKey] = {}
     clean = AttackEntry(NO_ATTACK, {"name": NO_ATTACK}, CLEAN)

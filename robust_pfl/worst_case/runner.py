@@ -236,7 +236,7 @@ def run_benchmark(
     say = say or (lambda line: print(line, file=sys.stderr))
     start = time.perf_counter()
     spec, full = _load(source, quick, subset, tune, device, data_dir)
-    plan = build_plan(spec)
+    plan = build_plan(spec, weigh=cost.run_seconds)
     out = Path(out)
     estimate = cost.estimate(plan, rule_of(spec))
     say(f"benchmark {spec.source}: {len(plan.combos)} combinations ({plan.full_factorial()} runs with every seed), "
