@@ -251,6 +251,7 @@ def test_badnets_plants_a_backdoor_in_undefended_global_and_keeps_clean_accuracy
     assert abs(attacked["test_accuracy"] - clean["test_accuracy"]) <= 0.05
 
 
+@pytest.mark.slow  # two runs of 15 s; BadNets plants its backdoor in the default run
 @pytest.mark.parametrize("attack", [{"name": "dba"}, {"name": "model_replacement"}])
 def test_dba_and_model_replacement_plant_the_backdoor(attack):
     """Measured (seed 0): DBA (4 bars of a 4x4 square) ASR 1.0, model replacement

@@ -87,6 +87,7 @@ def test_cuda_targets_cover_the_scale_rows_only_at_the_issues_sizes() -> None:
     assert not any(key.endswith(("n10000_s", "n1000_s")) for key in bench_steps.TARGETS)
 
 
+@pytest.mark.slow
 def test_scale_rows_run_on_the_cpu_at_a_tiny_size() -> None:
     """Each of the four scale rows at 40 clients (8 Byzantine), one timed step: the
     row's time and floor are finite and positive, the floor is the sum of its parts

@@ -93,6 +93,7 @@ def test_dense_rows_by_hand():
     assert dense[:8].sum() >= 4 and not dense[8:].any()
 
 
+@pytest.mark.slow  # two image runs
 def test_large_gradient_rows_take_the_seeds_unless_seeding_is_from_dense_rows():
     """Under large gradients (N(1e6, 200^2) rows, far from each other and from every
     honest row) k-means++ seeds centres on them; seeded from the dense rows, MC's
@@ -107,6 +108,7 @@ def test_large_gradient_rows_take_the_seeds_unless_seeding_is_from_dense_rows():
 # -- cause 3: the momenta's separation fades as the clusters converge -----------------------------
 
 
+@pytest.mark.slow  # a long image run
 def test_a_small_alpha_keeps_the_clusters_apart_at_the_end():
     """With alpha = 0.1 the momenta forget the clusters' early gradients and, once the
     models converge, no longer separate the clusters (ARI well below 0.9 at round 150);

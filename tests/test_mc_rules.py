@@ -190,6 +190,7 @@ def test_the_printed_rules_never_reseed():
     assert record.reseeds == 0
 
 
+@pytest.mark.slow  # 150 rounds of MC on 20 image clients
 def test_default_mc_clusters_the_small_data_regime():
     """The regime of docs/mc.md where the merge rule stormed (4 clusters of 5 clients
     with 29 training images each, 150 rounds): MC's defaults end with the clusters

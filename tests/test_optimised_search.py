@@ -154,7 +154,8 @@ def comparison(attack: str, **options: Any) -> tuple[int, int, list[str]]:
 
 
 # -- against ByzFL's search -------------------------------------------------------------------------
-@pytest.mark.parametrize("attack", ["optimal_alie", "optimal_ipm"])
+# optimal_alie: 20 s, marked slow; the default run keeps optimal_ipm
+@pytest.mark.parametrize("attack", [pytest.param("optimal_alie", marks=pytest.mark.slow), "optimal_ipm"])
 def test_at_least_as_damaging_as_byzfl_search_in_95_percent_of_cases(attack):
     wins, cases, losses = comparison(attack)
     assert cases == len(aggregator_names()) * len(SEEDS)
@@ -336,7 +337,7 @@ def warm_comparison(attack: str, **options: Any) -> tuple[int, int, list[str], i
     return wins, cases, losses, evaluations
 
 
-@pytest.mark.parametrize("attack", ["optimal_alie", "optimal_ipm"])
+@pytest.mark.parametrize("attack", [pytest.param("optimal_alie", marks=pytest.mark.slow), "optimal_ipm"])
 def test_the_warm_started_search_stays_at_least_as_damaging_as_byzfl_round_after_round(attack):
     wins, cases, losses, evaluations = warm_comparison(attack)
     warm_rounds = len(aggregator_names()) * len(WARM_SEEDS) * (ROUNDS - 1)

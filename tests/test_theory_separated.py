@@ -220,6 +220,7 @@ def test_consensus_fails_when_a_centre_is_never_trained_by_some_clients():
     assert consensus_rate(mixture, 200, torch.Generator().manual_seed(0)) == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.slow
 def test_fedspd_thm511_under_both_readings():
     """One set of runs, two readings: eq. (9) as printed holds with frozen centres
     violating it; the text's O(1/sqrt(eps)) rounds claim a T^-2 decay, the same
