@@ -160,6 +160,11 @@ def test_a_break_is_read_inside_or_outside_the_theorem():
     outside = {**inside, "ball_byzantine_ratio": math.inf, "ball_radius": 50.0}
     reading = theorem.readings(pd.DataFrame([outside]), [item], plan).iloc[0]["reading"]
     assert reading.startswith("outside") and "Byzantine ratio in a ball inf" in reading and "radius 50 x" in reading
+    unmeasured = {**inside, "ball_byzantine_ratio": math.nan, "ball_radius": math.nan}
+    reading = theorem.readings(pd.DataFrame([unmeasured]), [item], plan).iloc[0]["reading"]
+    assert reading.startswith("undetermined") and "Byzantine ratio" in reading and "radius" in reading
+    assert theorem.readings(pd.DataFrame([{**unmeasured, "theory_Delta2": 0.01}]), [item], plan).iloc[0][
+        "reading"].startswith("outside")  # a measured failure decides, the unmeasured ones are named
 
 
 def test_runs_are_read_from_finals_with_their_seeds():

@@ -21,7 +21,9 @@ FC and Myopic, of the momenta for MC and PFL-TC).  At the run's end it reads:
 
 The reading is *inside the hypotheses* when ``beta <= delta``, the in-ball ratio is
 below 1, the radius is within a factor :data:`RADIUS_FACTOR` of ``tau*`` and the
-separation is at least 1; otherwise *outside*, naming each hypothesis the run broke.
+separation is at least 1; *outside* when a measured one fails, naming each; and
+*undetermined* when none fails but one could not be measured (NaN: the diagnostic run
+recorded no balls or no tracker rows).
 With the constants unspecified, "inside" reads every ``<~`` as ``<=`` with constant 1.
 """
 
@@ -103,24 +105,33 @@ def readings(finals: pd.DataFrame, items: list[Diagnostic], plan: Plan) -> pd.Da
         ratio = found.get("ball_byzantine_ratio", math.nan)
         factor = radius / theorem_radius if theorem_radius > 0 else math.inf
         spread = separation * delta / sigma if sigma > 0 else math.inf
-        broken = []
-        if beta > delta:
-            broken.append(f"beta {beta:.2f} > delta {delta:.2f}")
-        if not ratio < 1:
-            broken.append(f"Byzantine ratio in a ball {ratio:.2f} >= 1")
-        if not 1 / RADIUS_FACTOR <= factor <= RADIUS_FACTOR:
-            broken.append(f"radius {factor:.3g} x the theorem's")
-        if not spread >= 1:
-            broken.append(f"separation Delta delta / sigma {spread:.2f} < 1")
+        checks = ((ratio, ratio < 1, f"Byzantine ratio in a ball {ratio:.2f} >= 1", "the Byzantine ratio in a ball"),
+                  (factor, 1 / RADIUS_FACTOR <= factor <= RADIUS_FACTOR, f"radius {factor:.3g} x the theorem's",
+                   "the radius against the theorem's"),
+                  (spread, spread >= 1, f"separation Delta delta / sigma {spread:.2f} < 1", "the separation"))
+        broken = [f"beta {beta:.2f} > delta {delta:.2f}"] if beta > delta else []
+        broken += [why for value, holds, why, _ in checks if not math.isnan(value) and not holds]
+        unmeasured = [name for value, _, _, name in checks if math.isnan(value)]
         rows.append({"method": item.key[0], "heterogeneity": item.key[2], "fraction": item.key[3],
                      "attack": item.key[4], "candidate": item.breaking[1], "delta": delta, "beta": beta,
                      "ball_byzantine_ratio": ratio, "ball_byzantine_share": found.get("ball_byzantine_share",
                                                                                        math.nan),
                      "radius": radius, "theorem_radius": theorem_radius, "radius_factor": factor,
                      "sigma": sigma, "Delta": separation, "separation": spread,
-                     "reading": "inside the hypotheses: the break contradicts the guarantee" if not broken
-                     else "outside the hypotheses: " + "; ".join(broken)})
+                     "reading": _reading(broken, unmeasured)})
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _reading(broken: list[str], unmeasured: list[str]) -> str:
+    """Outside when a measured hypothesis fails; undetermined when none fails but one
+    could not be measured (a diagnostic run without balls or tracker rows); else inside."""
+    missing = f"not measured: {', '.join(unmeasured)}" if unmeasured else ""
+    if broken:
+        return "outside the hypotheses: " + "; ".join(broken + ([missing] if missing else []))
+    if missing:
+        return "undetermined: " + missing
+    return ("inside the hypotheses as read here (values at the run's end, constants 1): "
+            "the break is not explained by them")
 
 
 COLUMNS = ["method", "heterogeneity", "fraction", "attack", "candidate", "delta", "beta", "ball_byzantine_ratio",
