@@ -1,8 +1,7 @@
 """Seconds of the benchmark's most expensive cells, with the adaptive attacks' full
 searches every round (``search_every = 1``, the attacks' default) and warm-started
 between full searches every 10 rounds (the shipped benchmark's setting), in one
-process, one thread, side by side (docs/benchmark.md, "Cost"; benchmarks/README.md,
-"Benchmark cells").
+process, one thread, side by side (docs/benchmark.md, "Cost").
 
 Cells: FC, MC and PFL-TC of configs/benchmark_digits.toml (their own values and
 rounds), at the K = 2 level with Byzantine fraction 0.2, under a plain attack
