@@ -63,10 +63,15 @@ def main() -> None:
     after = theirs[theirs["cell"].isin(gone) & (theirs["metric"] != "cell_seconds")][columns]
     merged = before.merge(after, on=["cell", "metric", "round"], how="outer", suffixes=("_local", "_ray"),
                           indicator=True)
-    same_runs = bool((merged["_merge"] == "both").all() and (merged["value_local"] == merged["value_ray"]).all())
+    # a store kept across profiles holds runs the current plan no longer asks for
+    # (another subset's fractions): removed, they are not made again, and are listed
+    rerun = set(theirs["cell"]) & gone
+    both = merged[merged["_merge"] == "both"]
+    same_runs = bool(rerun) and bool((both["value_local"] == both["value_ray"]).all())
     tables = {name: (store / name).read_text() == (copy / name).read_text() for name in TABLES
               if (store / name).exists()}
-    result = {"removed": len(gone), "of": len(finished), "rows_compared": int(len(merged)),
+    result = {"removed": len(gone), "of": len(finished), "rerun_on_ray": len(rerun),
+              "not_in_this_plan": sorted(gone - rerun), "rows_compared": int(len(both)),
               "runs_bit_identical": same_runs, "tables_equal": tables}
     print(json.dumps(result, indent=1))
     sys.exit(0 if same_runs and all(tables.values()) else 1)
