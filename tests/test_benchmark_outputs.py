@@ -165,6 +165,8 @@ def test_a_break_is_read_inside_or_outside_the_theorem():
     assert reading.startswith("undetermined") and "Byzantine ratio" in reading and "radius" in reading
     assert theorem.readings(pd.DataFrame([{**unmeasured, "theory_Delta2": 0.01}]), [item], plan).iloc[0][
         "reading"].startswith("outside")  # a measured failure decides, the unmeasured ones are named
+    no_sigma = theorem.readings(pd.DataFrame([{**inside, "theory_sigma2_batch": math.nan}]), [item], plan).iloc[0]
+    assert no_sigma["reading"].startswith("undetermined") and "separation" in no_sigma["reading"]  # never a pass
 
 
 def test_runs_are_read_from_finals_with_their_seeds():

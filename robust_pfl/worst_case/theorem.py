@@ -103,8 +103,9 @@ def readings(finals: pd.DataFrame, items: list[Diagnostic], plan: Plan) -> pd.Da
         theorem_radius = math.sqrt(delta * sigma * separation) if sigma * separation >= 0 else math.nan
         radius = found.get("ball_radius", math.nan)
         ratio = found.get("ball_byzantine_ratio", math.nan)
-        factor = radius / theorem_radius if theorem_radius > 0 else math.inf
-        spread = separation * delta / sigma if sigma > 0 else math.inf
+        # NaN (not measured) stays NaN, so that it is named, never read as a pass
+        factor = radius / theorem_radius if theorem_radius > 0 else (math.inf if theorem_radius == 0 else math.nan)
+        spread = separation * delta / sigma if sigma > 0 else (math.inf if sigma == 0 else math.nan)
         checks = ((ratio, ratio < 1, f"Byzantine ratio in a ball {ratio:.2f} >= 1", "the Byzantine ratio in a ball"),
                   (factor, 1 / RADIUS_FACTOR <= factor <= RADIUS_FACTOR, f"radius {factor:.3g} x the theorem's",
                    "the radius against the theorem's"),
