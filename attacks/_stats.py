@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 from torch import Tensor
 
-from robust_pfl.engine.devices import same_device
+from robust_pfl.engine.devices import engine, same_device
 from robust_pfl.engine.types import AttackContext
 
 
@@ -50,18 +50,49 @@ def honest_rows(messages: Tensor, context: AttackContext) -> Tensor:
     return messages[..., reference_mask(context).to(messages.device), :]
 
 
+def honest_block(messages: Tensor, context: AttackContext) -> Tensor:
+    """:func:`honest_rows`, as a view of ``messages`` when the reference rows are one
+    contiguous run (the engines put honest senders first): no copy of ``[..., H, d]``
+    for a statistic read at once.  The caller reads it and keeps none of it (the
+    engine overwrites ``messages``' rows in place)."""
+    reference = reference_mask(context)
+    (rows,) = reference.nonzero(as_tuple=True)
+    first, last = (int(v) for v in torch.stack([rows[0], rows[-1]]).tolist())
+    if last - first + 1 == rows.numel():
+        return messages.narrow(-2, first, rows.numel())
+    return messages[..., reference.to(messages.device), :]
+
+
 def honest_mean(messages: Tensor, context: AttackContext) -> Tensor:
     """``[..., 1, d]``: the honest mean of every leading block."""
-    return honest_rows(messages, context).mean(dim=-2, keepdim=True)
+    return honest_block(messages, context).mean(dim=-2, keepdim=True)
 
 
 def mean_and_std(rows: Tensor) -> tuple[Tensor, Tensor]:
     """``([..., 1, d], [..., 1, d])``: per-coordinate mean and standard deviation of
     ``rows[..., H, d]``, the latter with Bessel's correction (``/(H - 1)``, as
-    ``torch.std`` in the ALIE authors' code) and 0 for a single row."""
+    ``torch.std`` in the ALIE authors' code) and 0 for a single row.  Two passes:
+    the mean, then the squared deviations; on the CPU the second goes through the
+    leading blocks a few at a time, so its temporary stays in cache (each column's
+    sum is the same sequence of additions either way, so the values are equal bit
+    for bit); an accelerator takes all blocks in one launch."""
     mean = rows.mean(dim=-2, keepdim=True)
     dof = max(rows.shape[-2] - 1, 1)
-    return mean, ((rows - mean).square().sum(dim=-2, keepdim=True) / dof).sqrt()
+    if engine(rows.device) == "batched" or rows.dim() < 3:
+        return mean, ((rows - mean).square_().sum(dim=-2, keepdim=True) / dof).sqrt()
+    blocks = rows.reshape(-1, *rows.shape[-2:])
+    means = mean.reshape(-1, 1, rows.shape[-1])
+    squares = torch.empty_like(means)
+    step = max(1, _DEVIATION_BLOCK_BYTES // max(1, blocks[0].numel() * rows.element_size()))
+    for start in range(0, blocks.shape[0], step):  # blocks of receivers, not clients
+        part = slice(start, start + step)
+        torch.sum(torch.sub(blocks[part], means[part]).square_(), dim=-2, keepdim=True, out=squares[part])
+    return mean, (squares.view_as(mean) / dof).sqrt()
+
+
+# Bytes of squared deviations :func:`mean_and_std` forms at once on the CPU (a few
+# leading blocks, within a core's cache).
+_DEVIATION_BLOCK_BYTES = 8 << 20
 
 
 def client_row(messages: Tensor, context: AttackContext, client: int | None) -> Tensor:

@@ -9,7 +9,7 @@ from typing import Annotated, ClassVar
 from pydantic import Field
 from torch import Tensor
 
-from attacks._stats import client_row, expand_rows, honest_mean, honest_rows, mean_and_std
+from attacks._stats import client_row, expand_rows, honest_block, honest_mean, mean_and_std
 from attacks.base import attack_options, register
 from robust_pfl.engine.types import AttackBase, AttackContext
 
@@ -54,7 +54,7 @@ class ALIE(AttackBase):
         return alie_z(int(context.byzantine.numel()), int(context.byzantine.sum()))
 
     def __call__(self, messages: Tensor, context: AttackContext) -> Tensor:
-        mean, std = mean_and_std(honest_rows(messages, context))
+        mean, std = mean_and_std(honest_block(messages, context))
         return expand_rows(mean - self.z_for(context) * std, messages, context)
 
 

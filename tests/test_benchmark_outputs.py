@@ -124,6 +124,34 @@ def test_the_cost_estimate_follows_its_rule_on_a_hand_made_plan(monkeypatch):
     assert "with 2 workers" in found.text(2) and "first stage" in found.text(2)
 
 
+def test_one_runs_estimate_reads_its_datasets_calibration_by_hand(monkeypatch):
+    """seconds = overhead + (rounds x per round + evaluations x per evaluation) x scale.
+    A 25-round run evaluated every 10 rounds has metrics at rounds 0, 10, 20, 25 (4).
+    MNIST's own entry: FC under alie 2 + 25 x 0.3 + 4 x 0.5 = 11.5; an attack the entry
+    lacks costs as the plain one, 2 + 25 x 0.1 + 4 x 0.5 = 6.5; a method it lacks takes
+    its model round (0.02) times the entry's ratios (10 and 50), 2 + 25 x 0.2 + 4 x 1 = 11.
+    A dataset without an entry borrows the digits entry scaled by the model rounds
+    (0.03 / 0.01 = 3): 1 + (25 x 0.2 + 4 x 0.1) x 3 = 17.2."""
+    entry = {"overhead_seconds": 2.0, "per_round": {"fc": {"gaussian_noise": 0.1, "alie": 0.3}},
+             "per_evaluation": {"fc": 0.5}, "model_round": {"fc": 0.01}}
+    digits = {"overhead_seconds": 1.0, "per_round": {"fc": {"gaussian_noise": 0.2}},
+              "per_evaluation": {"fc": 0.1}, "model_round": {"fc": 0.01}}
+    monkeypatch.setattr(cost, "calibration", lambda: {"tasks": {"mnist": entry, "digits": digits}})
+
+    def run(dataset, method, attack, model_round):
+        config = SimpleNamespace(task=SimpleNamespace(name="image", dataset=dataset), eval_every=10,
+                                 attack=SimpleNamespace(name=attack))
+        monkeypatch.setattr(cost, "method_key", lambda combo: method)
+        monkeypatch.setattr(cost, "_model_round", lambda combo: model_round)
+        return cost.run_seconds(SimpleNamespace(config=config, rounds=25))
+
+    assert [cost.evaluations(25, 10), cost.evaluations(20, 10), cost.evaluations(1, 1)] == [4, 3, 2]
+    assert run("mnist", "fc", "alie", 0.01) == pytest.approx(11.5)
+    assert run("mnist", "fc", "ipm", 0.01) == pytest.approx(6.5)
+    assert run("mnist", "mc", "alie", 0.02) == pytest.approx(11.0)
+    assert run("cifar10", "fc", "alie", 0.03) == pytest.approx(17.2)
+
+
 # -- the theorem's hypotheses, read from hand-made numbers -------------------------------------
 def test_ball_rows_count_by_hand():
     """Points on a line, centre 0, radius 1.5: 0.5 and -1 (own cluster), 1.2 (other

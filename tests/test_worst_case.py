@@ -150,8 +150,10 @@ def test_a_killed_benchmark_resumes_without_recomputing_a_finished_cell(tmp_path
     out = tmp_path / "out"
     command = [sys.executable, "-m", "robust_pfl.cli", "benchmark", str(path), "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    log = tmp_path / "stderr.txt"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr,
+                                   start_new_session=True)
     store = out / "results.csv"
     deadline = time.monotonic() + 120
     try:
@@ -159,6 +161,7 @@ def test_a_killed_benchmark_resumes_without_recomputing_a_finished_cell(tmp_path
             if store.exists() and store.read_text().count("cell_seconds") >= 3:
                 break
             time.sleep(0.05)
+        assert process.poll() is None, f"the benchmark ended (status {process.returncode}) before the kill:\n{log.read_text()}"
         os.killpg(process.pid, signal.SIGKILL)
     finally:
         process.wait()

@@ -1,14 +1,16 @@
 """A benchmark's cost, estimated before any work and measured after.
 
-**One run.**  ``seconds = overhead + rounds * per_round(method, attack) * scale``:
-``per_round`` is measured (``benchmarks/bench_benchmark_costs.py`` writes
-:data:`CALIBRATION`: every method of the shipped digits benchmark under a plain attack
-and under each attack that searches against the defense, on the CPU it names);
-``scale`` carries it to another task, device or size by the ratio of
-:mod:`robust_pfl.costs`' estimates of a round there and at the calibration's task.  A
-method the table lacks takes :mod:`robust_pfl.costs`' estimate times the table's
-median ratio of measured to estimated seconds; an attack it lacks costs as the plain
-one.
+**One run.**  ``seconds = overhead + (rounds * per_round(method, attack) +
+evaluations * per_evaluation(method)) * scale`` with ``evaluations`` the run's
+metric rounds (round 0, every ``eval_every``-th and the last).  The terms are measured
+per task (``benchmarks/bench_benchmark_costs.py`` writes :data:`CALIBRATION`'s entry
+for a benchmark file's dataset: every method of the file under a plain attack and
+under each attack of its set, on the CPU it names).  A dataset without an entry takes
+the reference task's (:data:`REFERENCE_TASK`), and ``scale`` carries it there by the
+ratio of :mod:`robust_pfl.costs`' estimates of a round at the two tasks (a coarse
+guess: it does not see the size of the evaluation sets).  A method the entry lacks
+takes :mod:`robust_pfl.costs`' estimate times the entry's median ratio of measured to
+estimated seconds; an attack it lacks costs as the plain one.
 
 **The allocation** (:mod:`robust_pfl.worst_case.allocation`) decides from the results
 which runs to make, so the total is estimated by rule (:func:`estimate`): with
@@ -41,6 +43,8 @@ from robust_pfl.worst_case.plan import Combo, Plan
 from robust_pfl.worst_case.spec import BenchmarkSpec
 
 CALIBRATION = Path(__file__).with_name("cell_costs.json")
+#: The calibrated task whose terms a dataset without its own entry borrows.
+REFERENCE_TASK = "digits"
 #: Share of the attacks that survive the reference candidate's race.
 SURVIVING = 0.3
 #: Seeds the candidates' race adds, on average, to the candidates still racing.
@@ -53,8 +57,17 @@ PLAIN = "gaussian_noise"
 
 @lru_cache(maxsize=1)
 def calibration() -> dict[str, Any]:
-    """The measured table (:data:`CALIBRATION`)."""
+    """The measured table (:data:`CALIBRATION`): ``{"tasks": {dataset: entry}}``, each
+    entry with ``overhead_seconds``, ``per_round`` (method -> attack -> seconds),
+    ``per_evaluation`` and ``model_round`` (method -> seconds)."""
     return json.loads(CALIBRATION.read_text(encoding="utf-8"))
+
+
+def task_key(config: Any) -> str:
+    """The calibration entry a run's task reads: an image task's dataset, else the
+    task's name."""
+    task = config.task
+    return task.dataset if task.name == "image" else task.name
 
 
 def method_key(combo: Combo) -> str:
@@ -70,6 +83,11 @@ def method_key(combo: Combo) -> str:
     return f"global+{rule}"
 
 
+def evaluations(rounds: int, eval_every: int) -> int:
+    """The metric rounds of a run: round 0, every ``eval_every``-th, and the last."""
+    return 1 + rounds // eval_every + (1 if rounds % eval_every else 0)
+
+
 def _model_round(combo: Combo) -> float:
     from robust_pfl.experiments import built
 
@@ -78,17 +96,21 @@ def _model_round(combo: Combo) -> float:
 
 def run_seconds(combo: Combo) -> float:
     """One run's estimated seconds (module docstring)."""
-    table = calibration()
+    tasks = calibration()["tasks"]
+    dataset = task_key(combo.config)
+    entry = tasks.get(dataset, tasks[REFERENCE_TASK])
     key, attack_name = method_key(combo), combo.config.attack.name
-    rows = table["per_round"]
-    model = _model_round(combo)
+    rows, model = entry["per_round"], _model_round(combo)
     if key in rows:
-        per_round = rows[key].get(attack_name, rows[key].get(PLAIN))
-        scale = model / table["model_round"][key]
+        per_round = rows[key].get(attack_name, rows[key][PLAIN])
+        per_evaluation = entry["per_evaluation"][key]
+        scale = 1.0 if dataset in tasks else model / entry["model_round"][key]
     else:
-        per_round = model * float(np.median([rows[k][PLAIN] / table["model_round"][k] for k in rows]))
-        scale = 1.0
-    return table["overhead_seconds"] + combo.rounds * per_round * scale
+        ratio = float(np.median([rows[k][PLAIN] / entry["model_round"][k] for k in rows]))
+        evaluation_ratio = float(np.median([entry["per_evaluation"][k] / entry["model_round"][k] for k in rows]))
+        per_round, per_evaluation, scale = model * ratio, model * evaluation_ratio, 1.0
+    count = evaluations(combo.rounds, combo.config.eval_every)
+    return entry["overhead_seconds"] + (combo.rounds * per_round + count * per_evaluation) * scale
 
 
 def seconds(cells: Iterable[GridCell], plan: Plan) -> float:
