@@ -46,8 +46,12 @@ def reference_mask(context: AttackContext) -> Tensor:
 
 
 def honest_rows(messages: Tensor, context: AttackContext) -> Tensor:
-    """``[..., H, d]``: the reference (honest) rows of every leading block."""
-    return messages[..., reference_mask(context).to(messages.device), :]
+    """``[..., H, d]``: the reference (honest) rows of every leading block (a new
+    tensor)."""
+    run = _reference_run(context)
+    if run is None:
+        return messages[..., reference_mask(context).to(messages.device), :]
+    return messages.narrow(-2, *run).clone(memory_format=torch.contiguous_format)
 
 
 def honest_block(messages: Tensor, context: AttackContext) -> Tensor:
@@ -55,12 +59,30 @@ def honest_block(messages: Tensor, context: AttackContext) -> Tensor:
     contiguous run (the engines put honest senders first): no copy of ``[..., H, d]``
     for a statistic read at once.  The caller reads it and keeps none of it (the
     engine overwrites ``messages``' rows in place)."""
-    reference = reference_mask(context)
-    (rows,) = reference.nonzero(as_tuple=True)
+    run = _reference_run(context)
+    if run is None:
+        return messages[..., reference_mask(context).to(messages.device), :]
+    return messages.narrow(-2, *run)
+
+
+def _reference_run(context: AttackContext) -> tuple[int, int] | None:
+    """``(first, count)`` when the reference rows are one contiguous run of senders,
+    else ``None``."""
+    (rows,) = reference_mask(context).nonzero(as_tuple=True)
     first, last = (int(v) for v in torch.stack([rows[0], rows[-1]]).tolist())
-    if last - first + 1 == rows.numel():
-        return messages.narrow(-2, first, rows.numel())
-    return messages[..., reference.to(messages.device), :]
+    return (first, rows.numel()) if last - first + 1 == rows.numel() else None
+
+
+def rows_at(rows: Tensor, index: Tensor) -> Tensor:
+    """``[..., B, d]``: ``rows[..., index[..., b], :]`` for each ``b`` (``rows[..., K,
+    d]``, ``index[..., B]``), read by one ``index_select`` of whole rows (not through
+    the ``[..., B, d]`` index tensor ``torch.take_along_dim`` broadcasts to)."""
+    lead = torch.broadcast_shapes(rows.shape[:-2], index.shape[:-1])
+    k, dim = rows.shape[-2:]
+    flat = rows.expand(*lead, k, dim).reshape(-1, dim)
+    blocks = torch.arange(math.prod(lead), device=index.device).view(*lead, 1) * k
+    picked = flat.index_select(0, (blocks + index.expand(*lead, index.shape[-1])).reshape(-1))
+    return picked.view(*lead, index.shape[-1], dim)
 
 
 def honest_mean(messages: Tensor, context: AttackContext) -> Tensor:

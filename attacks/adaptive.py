@@ -17,7 +17,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from attacks._stats import honest_rows, norm, own_rows, unit
+from attacks._stats import honest_rows, norm, own_rows, rows_at, unit
 from attacks.base import attack_options, register
 from robust_pfl.engine.rows import euclidean_distances
 from robust_pfl.engine.types import AttackBase, AttackContext
@@ -106,7 +106,7 @@ class BallEdge(AttackBase):
         tau = self.radius(state, centres, honest, context.round_index)
         own = own_rows(messages, context)
         target = euclidean_distances(own, centres).argmin(dim=-1)  # [..., B]
-        centre = torch.take_along_dim(centres, target.unsqueeze(-1), dim=-2)  # [..., B, d]
+        centre = rows_at(centres, target)  # [..., B, d]
         reach = torch.take_along_dim(tau, target, dim=-1).unsqueeze(-1)  # [..., B, 1]
 
         draw = torch.randn(
@@ -121,7 +121,7 @@ class BallEdge(AttackBase):
             eye = torch.eye(between.shape[-1], dtype=torch.bool, device=between.device)
             nearest = between.masked_fill(eye, float("inf")).argmin(dim=-1)  # [..., K]
             other_index = torch.take_along_dim(nearest, target, dim=-1).unsqueeze(-1)
-            other = torch.take_along_dim(centres, other_index, dim=-2)  # [..., B, d]
+            other = rows_at(centres, other_index.squeeze(-1))  # [..., B, d]
             toward = other - centre
             direction = torch.where(_negligible(toward, norm(other), norm(centre)), direction, unit(toward))
         return centre + (1.0 - self.eps) * reach * direction

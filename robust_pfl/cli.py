@@ -214,13 +214,14 @@ def _benchmark(args: argparse.Namespace) -> int:
 
 def _benchmark_command(args: argparse.Namespace) -> str:
     """The ``robust-pfl benchmark`` command line that reproduces this call's results
-    (the options that change them, and where they go)."""
+    (the options that change them, and where they go); a data directory is written
+    ``DIR``: this machine's path is not the reader's."""
     words = ["robust-pfl", "benchmark", args.benchmark]
     words += ["--quick"] if args.quick else []
     words += ["--subset", args.subset] if args.subset else []
     words += ["--no-tune"] if args.no_tune else []
     words += ["--device", args.device] if args.device else []
-    words += ["--data-dir", args.data_dir] if args.data_dir else []
+    words += ["--data-dir", "DIR"] if args.data_dir else []
     words += ["--out", args.out] if args.out else []
     words += ["--page", args.page] if args.page else []
     return " ".join(shlex.quote(word) for word in words)
