@@ -236,6 +236,7 @@ def test_fc_never_mixes_clients_with_different_optima_on_the_example():
             torch.testing.assert_close(record.updates, record.gradients, rtol=0, atol=1e-15)
 
 
+@pytest.mark.slow  # 2,000 rounds on every mis-split seed; the default run keeps the per-round check above
 def test_fc_ends_with_each_client_at_its_own_optimum_on_the_example():
     """Consequently (Werner et al. Thm 3.3: each client reaches a stationary point of
     its own loss): client 1 x <- 0.9 x reaches 0, client 2 reaches 1/2, and client 3

@@ -83,6 +83,7 @@ def comparable(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(["cell", "metric", "round"]).reset_index(drop=True)
 
 
+@pytest.mark.slow  # six grid processes, 47 s; the default run kills a run (test_checkpoint) and a benchmark (test_worst_case)
 def test_killed_grid_loses_nothing_and_ends_as_an_uninterrupted_run(tmp_path):
     path = tmp_path / "kill.toml"
     path.write_text(GRID)

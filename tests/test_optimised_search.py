@@ -163,6 +163,7 @@ def test_at_least_as_damaging_as_byzfl_search_in_95_percent_of_cases(attack):
     assert wins >= 0.95 * cases, f"{attack}: at least as damaging in {wins} of {cases} only; {losses[:10]}"
 
 
+@pytest.mark.slow  # a control (the bar can fail), 17 s; the bar itself runs by default
 def test_the_old_grid_falls_short_of_the_bar():
     """The comparison can fail: the former search (a grid of 16 z from 0.1 to 100, no
     line search) is at least as damaging in fewer than 95% of the cases."""
@@ -346,6 +347,7 @@ def test_the_warm_started_search_stays_at_least_as_damaging_as_byzfl_round_after
     assert evaluations <= 12 * warm_rounds  # against the full search's 36 (8 grid, 20 line, 8 refinement)
 
 
+@pytest.mark.slow  # a control (the warm bar can fail), 28 s; the warm bar itself runs by default
 def test_a_warm_start_without_refinement_falls_short_of_the_bar():
     """The round-after-round comparison can fail: a warm search with half the
     refinements loses to ByzFL's search too often."""

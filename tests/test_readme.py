@@ -186,5 +186,5 @@ def test_readme_stays_short_and_keeps_its_quick_start():
     text = README.read_text()
     assert len(text.splitlines()) <= README_MAX_LINES
     assert "robust-pfl run configs/quickstart.toml" in text
-    assert 'python -m pytest -m "not slow" -q' in text
+    assert 'python -m pytest -m "not slow" -n 2 -q' in text
     assert (ROOT / "configs" / "quickstart.toml").is_file()
