@@ -441,7 +441,18 @@ KILLED_RUN = """\
 
 
 def checkpoint_marks(directory: Path) -> set[tuple[str, int]]:
-    return {(p.name, p.stat().st_mtime_ns) for p in directory.glob("*.pt")} if directory.exists() else set()
+    """(name, mtime) of each saved checkpoint; the hidden temporary files an atomic
+    save writes and renames (they may vanish between listing and reading) are not
+    checkpoints."""
+    marks = set()
+    for path in directory.glob("*.pt") if directory.exists() else []:
+        if path.name.startswith("."):
+            continue
+        try:
+            marks.add((path.name, path.stat().st_mtime_ns))
+        except FileNotFoundError:  # replaced by the next save while listed
+            continue
+    return marks
 
 
 def killed_and_resumed(config: Path, out: Path, kills: int, seed: int) -> int:
