@@ -69,6 +69,8 @@ def _reference_run(context: AttackContext) -> tuple[int, int] | None:
     """``(first, count)`` when the reference rows are one contiguous run of senders,
     else ``None``."""
     (rows,) = reference_mask(context).nonzero(as_tuple=True)
+    if rows.numel() == 0:  # no sender at all
+        return None
     first, last = (int(v) for v in torch.stack([rows[0], rows[-1]]).tolist())
     return (first, rows.numel()) if last - first + 1 == rows.numel() else None
 

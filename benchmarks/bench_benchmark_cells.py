@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from robust_pfl.cells import CellTask, execute_cell  # noqa: E402
 from robust_pfl.provenance import machine_text  # noqa: E402
-from robust_pfl.worst_case.plan import build_plan  # noqa: E402
+from benchmarks.attacked_cells import attacked_cells  # noqa: E402
 from robust_pfl.worst_case.spec import load_benchmark  # noqa: E402
 
 DEFENSES = ("FC", "MC", "PFL-TC")
@@ -46,18 +46,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "benchmark_cells.json"))
     args = parser.parse_args()
     spec = load_benchmark(ROOT / "configs" / "benchmark_digits.toml", tune=False)
-    spec = spec.model_copy(update={
-        "defenses": [d for d in spec.defenses if d.display in DEFENSES],
-        "benchmark": spec.benchmark.model_copy(update={"fractions": [0.0, 0.2], "backdoors": [],
-                                                        "attacks": list(ATTACKS),
-                                                        "heterogeneity": spec.benchmark.heterogeneity[:1]})})
-    plan = build_plan(spec)
     rows = []
-    for key, combo in plan.combos.items():
-        if key[3] != 0.2:
-            continue
-        config = combo.config.model_copy(update={"seeds": [0]}).model_dump()
-        config.update(rounds=args.rounds, eval_every=args.rounds)
+    for key, config in attacked_cells(spec, set(DEFENSES), list(ATTACKS), args.rounds):
         settings = {"search every round": {**config, "attack": {**config["attack"], "search_every": 1}},
                     "warm start, full search every 10": config}
         if key[4] == "gaussian_noise":

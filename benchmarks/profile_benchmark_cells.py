@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from robust_pfl.cells import CellTask, execute_cell  # noqa: E402
 from robust_pfl.provenance import machine_text  # noqa: E402
-from robust_pfl.worst_case.plan import build_plan  # noqa: E402
+from benchmarks.attacked_cells import attacked_cells  # noqa: E402
 from robust_pfl.worst_case.spec import load_benchmark  # noqa: E402
 
 #: The parts of a round, each the cumulative time of one function (file, name).
@@ -61,18 +61,8 @@ def main() -> None:
     if args.data_dir is not None:
         os.environ["ROBUST_PFL_DATA"] = str(Path(args.data_dir).resolve())
     spec = load_benchmark(args.config, tune=False)
-    spec = spec.model_copy(update={
-        "defenses": [d for d in spec.defenses if d.display == args.defense],
-        "benchmark": spec.benchmark.model_copy(update={
-            "fractions": [0.0, 0.2], "heterogeneity": spec.benchmark.heterogeneity[:1], "backdoors": [],
-            "attacks": args.attacks.split(",")})})
-    plan = build_plan(spec)
     rows = []
-    for key, combo in plan.combos.items():
-        if key[3] != 0.2:
-            continue
-        config = combo.config.model_copy(update={"seeds": [0]}).model_dump()
-        config.update(rounds=args.rounds, eval_every=args.rounds)
+    for key, config in attacked_cells(spec, {args.defense}, args.attacks.split(","), args.rounds):
         execute_cell(CellTask("warm-up", {**config, "rounds": 1, "eval_every": 1}, "warm-up", None, 1))
         profile = cProfile.Profile()
         start = time.perf_counter()
