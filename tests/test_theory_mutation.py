@@ -1,11 +1,13 @@
-"""The checker tested by mutation: perturb a bound (halve its constant, drop a term, flip
-an exponent's sign, tighten a constant past the truth) and the verdict must turn where
-the perturbed bound is false or says nothing, and stay where it is still true.  A
+"""The checker tested by mutation: perturb a bound (halve its constant, drop a term, slip a
+square root, change a power, flip a sign, leave a constant out) or the algorithm (no
+clustering, a wrong partition, a random assignment) and the verdict must turn where
+the perturbed claim is false or says nothing, and stay where it is still true.  A
 checker whose verdict did not move with its bound would not be checking the bound.
 
-The rate mutations re-judge one measured study (theory_checks.scaling_common.rejudged:
-the same runs, another right-hand side and claimed exponent, the negative control
-judged again); the exact ones evaluate the perturbed claim on the same instances as
+The rate mutations re-judge one measured study with another bound formula
+(theory_checks.scaling_common.reformulated: the same runs, the formula's values and
+claimed exponent, every control judged again) or another algorithm's measurements
+(remeasured); the exact ones evaluate the perturbed claim on the same instances as
 the unperturbed one, with the statement's own negative control."""
 
 from __future__ import annotations
@@ -13,15 +15,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dataclasses import fields
+
+from theory_checks import bounds
+from theory_checks.assigned_controls import ASSIGNMENTS
 from theory_checks.controls import finalised, margin_control
-from theory_checks.scaling_common import rejudged
+from theory_checks.scaling_common import reformulated, remeasured
+from theory_checks.scaling_separated import assigned_errors, mc_formula
+from theory_checks.separated_instance import SeparatedSizes, separated_problem
 from theory_checks.statements import instances
 from theory_checks.statements.clustering_steps import one_step_move_sides, one_round
 from theory_checks.statements.false_claims import two_point_margin
 from theory_checks.statements.rates import rate_result
 from theory_checks.statements.search import TOLERANCE, exact_verdict
 
+SIZE_FIELDS = {field.name for field in fields(SeparatedSizes)}
+
 # -- a rate: Thm 3.4 on the one-sided separated family ---------------------------------------
+#
+# Every bound mutation changes the *formula* (theory_checks.scaling_common.reformulated):
+# the bound's values along T and at every instance of the constant sweeps, and the
+# exponent it claims, read from the formula as the check reads the real one.
 
 
 @pytest.fixture
@@ -34,48 +48,87 @@ def judged(study) -> str:
     return finalised(rate_result("thm3.4-separated", study)).status
 
 
-def horizons_and_bound(study) -> tuple[np.ndarray, np.ndarray]:
-    table = [entry for entry in study.claimed_rhs if entry["variable"] == "T"]
-    return np.array([entry["x"] for entry in table]), np.array([entry["rhs"] for entry in table])
+def leading(c):
+    """eq. (28)'s leading term sqrt(L F_0 E / T), E = rho^2/n + rho^3/Delta."""
+    return np.sqrt(c["L"] * c["F0"] * bounds.clustering_error(c["rho"], c["separation"], c["n"]) / c["T"])
 
 
-def test_the_unperturbed_bound_holds_with_a_violated_control(mc_study):
+def descent(c):
+    """The L F_0 / T term."""
+    return c["L"] * c["F0"] / c["T"]
+
+
+def test_the_unperturbed_bound_holds_with_every_control_violated(mc_study):
     result = finalised(rate_result("thm3.4-separated", mc_study))
     assert result.status == "holds_with_constant"
     assert result.negative_control is not None and result.negative_control.violated
+    assert {c.description for c in result.clustering_controls} == set(ASSIGNMENTS.values())
+    assert all(c.violated for c in result.clustering_controls)
+
+
+def test_the_formula_reproduces_the_study(mc_study):
+    """Re-judging with the study's own formula changes nothing: the mutations below
+    differ from it only by the mutation."""
+    again = reformulated(mc_study, mc_formula)
+    assert judged(again) == "holds_with_constant"
+    assert again.constant.value == pytest.approx(mc_study.constant.value, rel=1e-12)
+    assert again.claimed["T"] == pytest.approx(-0.5, abs=1e-3)
 
 
 @pytest.mark.parametrize("factor", [0.5, 2.0])
 def test_a_rescaled_constant_leaves_the_verdict_and_scales_the_constant(mc_study, factor):
     """The bound hides its constant: halving or doubling it must not change the verdict,
     only the fitted C (by 1 / factor)."""
-    _, rhs = horizons_and_bound(mc_study)
-    mutated = rejudged(mc_study, "T", rhs * factor, mc_study.claimed["T"])
+    mutated = reformulated(mc_study, lambda c: factor * mc_formula(c))
     assert judged(mutated) == "holds_with_constant"
     assert mutated.constant.value == pytest.approx(mc_study.constant.value / factor, rel=1e-9)
 
 
-def test_dropping_the_leading_term_fails(mc_study):
-    """Without sqrt(L F_0 E / T) the bound is L F_0 / T, decaying like 1/T: MC's error
-    (about T^-1/2) outgrows it."""
-    horizons, _ = horizons_and_bound(mc_study)
-    descent_only = mc_study.settings["L"] * mc_study.settings["F0"] / horizons
-    assert judged(rejudged(mc_study, "T", descent_only, -1.0)) == "fails"
+def test_a_bound_ten_times_too_tight_survives_as_a_constant_ten_times_larger(mc_study):
+    """The surviving mutation (docs/theory_checks.md): eq. (28) hides an absolute
+    constant, so a factor common to every instance is the constant; the report shows C
+    (here about 10), which is the only place such a slip can be seen."""
+    mutated = reformulated(mc_study, lambda c: 0.1 * mc_formula(c))
+    assert judged(mutated) == "holds_with_constant"
+    assert mutated.constant.value == pytest.approx(10 * mc_study.constant.value, rel=1e-9)
 
 
-def test_a_faster_claimed_decay_fails(mc_study):
-    horizons, rhs = horizons_and_bound(mc_study)
-    assert judged(rejudged(mc_study, "T", rhs * (horizons / horizons[0]) ** -0.5, -1.0)) == "fails"
+@pytest.mark.parametrize("name, formula, expected", [
+    # without sqrt(L F_0 E / T) the bound decays like 1/T: MC's error (about T^-1/2) outgrows it
+    ("the leading term dropped", descent, "fails"),
+    # sqrt(L F_0 E) / T: the square root closed before the division
+    ("sqrt(L F_0 E) / T", lambda c: leading(c) / np.sqrt(c["T"]) + descent(c), "fails"),
+    ("a bound decaying like T^-1.5", lambda c: mc_formula(c) * (c["T"] / 64.0) ** -1.0, "fails"),
+    ("a flipped sign", lambda c: -mc_formula(c), "fails"),
+    # F_0 left out: along the F_0 sweep the error grows like F_0^0.5 and the bound not at all
+    ("F_0 left out", lambda c: mc_formula({**c, "F0": np.ones_like(c["F0"])}), "fails"),
+    # L left out (at a fixed F_0, the L sweep moves L F_0): the same along L
+    ("L left out", lambda c: mc_formula({**c, "L": np.ones_like(c["L"])}), "fails"),
+    # a bound growing like T^+1/2 is met by the frozen model and every clustering control
+    ("a bound growing like T^+1/2", lambda c: mc_formula(c) * (c["T"] / 64.0), "vacuous"),
+])
+def test_a_slip_in_the_formula_turns_the_status(mc_study, name, formula, expected):
+    assert judged(reformulated(mc_study, formula)) == expected, name
 
 
-def test_a_flipped_exponent_is_vacuous(mc_study):
-    """A bound growing like T^+1/2 is met by a frozen model too: the control no longer
-    violates it, and the status must say the check is no evidence."""
-    horizons, rhs = horizons_and_bound(mc_study)
-    flipped = rhs[0] * (horizons / horizons[0]) ** 0.5
-    mutated = rejudged(mc_study, "T", flipped, 0.5)
-    assert not mutated.control.violated
-    assert judged(mutated) == "vacuous"
+def test_a_formula_without_its_f0_fails_through_the_f0_sweep(mc_study):
+    """The T sweep alone cannot see F_0 (it is fixed along it): the failure comes from
+    the instance sweep, and says which constant."""
+    result = finalised(rate_result("thm3.4-separated",
+                                   reformulated(mc_study, lambda c: mc_formula({**c, "F0": np.ones_like(c["F0"])}))))
+    assert result.verdicts["T"].verdict != "fails"
+    assert "dependence on F0 is wrong" in result.counterexample["reason"]
+
+
+@pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))
+def test_the_method_without_its_clustering_fails(mc_study, assignment):
+    """The algorithm mutations: MC's momentum step with its clustering replaced (no
+    clustering, a wrong partition, a random assignment) measured against the same
+    bound must not hold."""
+    sizes = SeparatedSizes(**{k: v for k, v in mc_study.settings.items() if k in SIZE_FIELDS})
+    problem = separated_problem(sizes)
+    errors = assigned_errors(problem, "mc", assignment, seed=0)
+    assert judged(remeasured(mc_study, "T", errors)) in ("fails", "vacuous")
 
 
 # -- exact claims --------------------------------------------------------------------------

@@ -49,14 +49,33 @@ def test_ramp_closed_forms_equal_autograd(seed, sharpness):
 
 def test_a_clients_loss_is_its_clusters_ramp():
     """With the noise centred over the cluster's samples, client i's full loss is
-    softplus(s <u_k, x>) / s: bounded below by 0, slope 1 far up the ramp."""
+    softplus(s <u_k, x>) / s with u_0 = e_1 and u_1 = (e_2 - e_1) / sqrt 2 (opposed
+    ramps): bounded below by 0, slope 1 far up the ramp."""
     problem = separated_problem(SeparatedSizes().for_method("mc"))
     x = torch.tensor([[7.0, -2.0, 0.5, 1.0, -3.0]], dtype=torch.float64).expand(problem.cluster_ids.numel(), -1)
     objective = problem.federation(32, 0, problem.learning_rate("mc", 32)).objective
     losses = objective.paired_losses(x, problem.train)
+    runner_height = (-2.0 - 7.0) / math.sqrt(2.0)
     expected = torch.where(problem.cluster_ids == 0, torch.nn.functional.softplus(torch.tensor(7.0)),
-                           torch.nn.functional.softplus(torch.tensor(-2.0))).double()
+                           torch.nn.functional.softplus(torch.tensor(runner_height))).double()
     torch.testing.assert_close(losses, expected)
+
+
+def test_a_model_shared_by_both_clusters_stalls_where_the_anchored_slope_is_one_over_sqrt2():
+    """Why the ramps are opposed: the mean of the two clusters' gradients has u_0
+    component sigmoid(h_0) - sigmoid(h_1) / sqrt 2, which vanishes at h_0 = logit(1 /
+    sqrt 2) while the runner is far up (sigmoid(h_1) = 1): a shared model stops there,
+    with the anchored clients' squared gradient 1/2, whatever T."""
+    problem = separated_problem(SeparatedSizes(noise=0.0))
+    objective = problem.federation(64, 0, 0.1).objective
+    stall = math.log(math.sqrt(0.5) / (1 - math.sqrt(0.5)))  # logit(1/sqrt 2)
+    x = torch.zeros(1, problem.sizes.dim, dtype=torch.float64)
+    x[0, 0], x[0, 1] = stall, math.sqrt(2.0) * 40.0 + stall  # the runner 40 up its ramp
+    gradients = objective.paired_gradients(x.expand(problem.cluster_ids.numel(), -1), problem.train)
+    shared = gradients.mean(0)
+    assert abs(float(shared[0])) < 1e-12
+    anchored = gradients[problem.anchored]
+    torch.testing.assert_close(anchored.square().sum(-1), torch.full((anchored.shape[0],), 0.5, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("method", ["mc", "pfl_tc", "pdl_tc"])
@@ -72,9 +91,10 @@ def test_the_anchored_cluster_starts_at_a_fixed_height_and_the_runner_far_up(met
     assert rates[0] >= rates[1] >= rates[2]  # each theorem's eta falls with T at a fixed F_0
     for horizon, eta in zip((64, 256, 1024), rates):
         start = problem.start(horizon, eta)
+        height = float(start[1] - start[0]) / math.sqrt(2.0)  # <u_1, x_0>
         assert start[0] == sizes.anchor
-        assert start[1] == pytest.approx(sizes.headroom * eta * horizon + sizes.margin)
-        assert start[1] - eta * horizon >= sizes.margin  # the runner stays up its ramp for T rounds
+        assert height == pytest.approx(sizes.headroom * eta * horizon + sizes.margin)
+        assert height - eta * horizon >= sizes.margin  # the runner stays up its ramp for T rounds
 
 
 def test_thm34_on_the_separated_family_holds_with_a_violated_control(separated_mc_study):

@@ -8,9 +8,11 @@ admitted) or a violated hypothesis, chosen so that a true bound must be violated
 it.  :func:`finalised` (applied to every registered check by
 :func:`theory_checks.statements.registry.register`) then decides the reported status:
 
-* ``holds`` / ``holds_with_constant`` only when the control violates the claim;
-  otherwise **vacuous**: the bound does not tell the algorithm from a broken one on
-  the instances run (a check without a control is vacuous too);
+* ``holds`` / ``holds_with_constant`` only when the control, and every clustering
+  control of a statement about clustering (no clustering, a wrong partition, a random
+  assignment), violates the claim; otherwise **vacuous**: the bound does not tell the
+  algorithm from a broken one on the instances run (a check without a control is
+  vacuous too);
 * **loose** when, moreover, the bound is more than :data:`LOOSE_FACTOR` times the
   error at every point measured (the claim is true there and says little).
 """
@@ -97,10 +99,11 @@ def finalised(result: CheckResult) -> CheckResult:
     if result.status not in HOLDING:
         return result
     control = result.negative_control
-    if control is None or not control.violated:
-        reason = ("no negative control was run" if control is None else
-                  f"the negative control ({control.description}) meets the claim too: {control.statistic} "
-                  f"{control.ratio:.3g}" + ("" if control.real is None else f" against {control.real:.3g}"))
+    unviolated = [c for c in (control, *result.clustering_controls) if c is not None and not c.violated]
+    if control is None or unviolated:
+        reason = ("no negative control was run" if control is None else "; ".join(
+            f"the control {c.description} meets the claim too: {c.statistic} {c.ratio:.3g}"
+            + ("" if c.real is None else f" against {c.real:.3g}") for c in unviolated))
         return dataclasses.replace(result, status="vacuous",
                                    evidence=f"{result.evidence}; vacuous: {reason}".lstrip("; "))
     if result.slack.get("loose"):

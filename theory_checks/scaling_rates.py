@@ -61,14 +61,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 import defenses
 from robust_pfl.engine.federation import Federation
-from robust_pfl.engine.rounds import run_rounds
+from robust_pfl.engine.rounds import Stepping, run_rounds
 from robust_pfl.engine.types import RoundRecord
 from defenses.clustering_algorithms import ALG4_PRINTED_RULES
 from theory_checks import bounds
@@ -108,7 +108,16 @@ class PathStatistics:
     split_at_start: bool | None = None
 
 
-def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation, horizon: int,
+class Measured(Stepping, Protocol):
+    """What the rate studies run: a defense (``defenses.Algorithm``) or a control
+    (:class:`theory_checks.assigned_controls.AssignedMomentum`)."""
+
+    sends_momenta: bool
+
+    def client_models(self) -> torch.Tensor: ...
+
+
+def average_gradient_norm(algorithm: Measured, federation: Federation, horizon: int,
                           measured: torch.Tensor | None = None) -> tuple[float, PathStatistics]:
     """``(1/T) sum_{t=1}^T mean_i ||grad f_i(x_{i,t-1})||^2`` over honest clients (or the
     honest clients of the ``[N]`` mask ``measured``), with full local gradients (the
@@ -145,6 +154,22 @@ def average_gradient_norm(algorithm: defenses.Algorithm, federation: Federation,
     path = PathStatistics(noise, separation, None if momenta is None else np.stack(momenta),
                           split[0] if split else None)
     return float(total) / horizon, path
+
+
+def anchored_error(algorithm: Measured, federation: Federation, horizon: int, measured: torch.Tensor) -> float:
+    """The left side of :func:`average_gradient_norm` alone (``(1/T) sum_t mean_i ||grad
+    f_i(x_{i,t-1})||^2`` over the clients of the ``[N]`` mask ``measured``), without the
+    path statistics: what a control run is judged on."""
+    data = federation.train.select(measured)
+    total = torch.zeros((), dtype=torch.float64)
+
+    def before(round_index: int) -> None:
+        nonlocal total
+        own = federation.objective.paired_gradients(algorithm.client_models()[measured], data)
+        total += own.square().sum(-1).mean()
+
+    run_rounds(algorithm, horizon, before=before)
+    return float(total) / horizon
 
 
 def same_partition(assignment: torch.Tensor, clusters: torch.Tensor) -> bool:

@@ -16,10 +16,11 @@ up, while cluster 0 (the *anchored* cluster, whose clients the bounds are checke
 starts at a fixed height ``a`` on its own ramp: its ``F_0`` does not depend on ``T``,
 its bounds decay, and a model that does not descend violates them.
 
-The losses: ``K = 2`` clusters whose losses are ramps in orthogonal directions ``u_0 =
-e_1``, ``u_1 = e_2``.  Client ``i`` of cluster ``k`` holds ``m`` samples ``(u_k,
-xi_s)`` (the cluster's shared data set, so ``f_i`` is the cluster's loss and momenta
-are iid within a cluster, Assumption 8) with per-sample loss
+The losses: ``K = 2`` clusters whose losses are ramps in *opposed* directions ``u_0 =
+e_1`` and ``u_1 = (e_2 - e_1) / sqrt 2`` (135 degrees apart).  Client ``i`` of cluster
+``k`` holds ``m`` samples ``(u_k, xi_s)`` (the cluster's shared data set, so ``f_i`` is
+the cluster's loss and momenta are iid within a cluster, Assumption 8) with per-sample
+loss
 
     l(x; u, xi) = softplus(s <u, x>) / s + <xi, x>,
 
@@ -27,9 +28,20 @@ the noise ``xi_s`` Gaussian and centred over the cluster's samples.  Then ``f_i(
 softplus(s <u_k, x>) / s``: bounded below by ``f* = 0``, ``L = s / 4``, gradient
 ``sigmoid(s <u_k, x>) u_k``; the per-sample gradient noise is ``xi_s`` at every ``x``
 (Assumption 6 with ``sigma^2 = mean_s ||xi_s||^2`` exactly).  All clients start at
-``x_0 = a u_0 + (h eta T + m) u_1``: cluster 0's ``F_0 = softplus(s a) / s`` is fixed,
-and cluster 1's slope stays above ``sigmoid(s m)`` for ``T`` rounds, so ``E m_1``
-stays near ``u_1`` while ``E m_0`` shrinks to 0 (the momenta about 1 apart).
+``x_0 = a u_0 + b e_2`` with ``b`` chosen so that cluster 1 starts ``<u_1, x_0> = h eta
+T + m`` up its ramp: cluster 0's ``F_0 = softplus(s a) / s`` is fixed, and cluster 1's
+slope stays above ``sigmoid(s m)`` for ``T`` rounds, so ``E m_1`` stays near ``u_1``
+while ``E m_0`` shrinks to 0 (the momenta about 1 apart).
+
+Why opposed.  Cluster 1's descent direction ``-u_1`` climbs cluster 0's ramp.  A model
+shared by both clusters (no clustering, a wrong partition, a random assignment) steps
+along the mean of their gradients, whose ``u_0`` component ``sigmoid(s <u_0, x>) -
+sigmoid(.) / sqrt 2`` vanishes where cluster 0's slope is ``1 / sqrt 2``: the shared
+model stops there, with the anchored clients' squared gradient near ``1/2`` at every
+``T``, and violates every decaying bound.  With orthogonal ramps a shared model
+descended cluster 0's ramp at half speed with the same exponent, so a clustering bound
+could not tell clustering from none.  The separation hypotheses only get easier:
+``||grad f_0 - grad f_1||^2 = s_0^2 + s_1^2 + sqrt 2 s_0 s_1 >= s_1^2``.
 
 Each theorem's learning rate is its own formula at cluster 0's ``F_0`` (Thm 3.4: ``eta
 = min(1/L, sqrt(F_0 / (L T E)))``; the workshop's eq. 3 and Thm 4's), so ``eta`` falls
@@ -132,6 +144,11 @@ class SeparatedSizes:
     horizons: tuple[int, ...] = (64, 128, 256, 512, 1024)
     repeats: int = 3
     task_seed: int = 0
+    instance_horizon: int = 64
+
+    def __post_init__(self) -> None:
+        if self.instance_horizon not in self.horizons:
+            raise ValueError(f"instance_horizon {self.instance_horizon} must be one of the horizons {self.horizons}")
 
     def for_method(self, method: str) -> "SeparatedSizes":
         """These sizes with ``method``'s noise where none is set."""
@@ -140,7 +157,7 @@ class SeparatedSizes:
 
 SEPARATED_BUDGETS: dict[str, SeparatedSizes] = {
     "quick": SeparatedSizes(),
-    "full": SeparatedSizes(horizons=(64, 128, 256, 512, 1024, 2048), repeats=4),
+    "full": SeparatedSizes(horizons=(64, 128, 256, 512, 1024, 2048), repeats=4, instance_horizon=512),
 }
 CLUSTERS = 2
 #: The anchored cluster, whose clients every bound is checked on.
@@ -213,10 +230,12 @@ class SeparatedProblem:
         return min(1.0, 3.0 * self.smoothness * learning_rate)
 
     def start(self, horizon: int, learning_rate: float) -> Tensor:
-        """``x_0 = a u_0 + (h eta T + m) u_1``."""
+        """``x_0 = a u_0 + b e_2`` with ``<u_1, x_0> = h eta T + m`` (the runner's height)."""
         start = torch.zeros(self.sizes.dim, dtype=torch.float64)
         start[ANCHORED] = self.sizes.anchor
-        start[1 - ANCHORED] = self.sizes.headroom * learning_rate * horizon + self.sizes.margin
+        height = self.sizes.headroom * learning_rate * horizon + self.sizes.margin
+        # <u_1, x_0> = (b - a) / sqrt 2
+        start[1 - ANCHORED] = math.sqrt(2.0) * height + self.sizes.anchor
         return start
 
     def federation(self, horizon: int, seed: int, learning_rate: float) -> Federation:
@@ -244,6 +263,16 @@ class SeparatedProblem:
                 **start}
 
 
+def ramp_directions(dim: int) -> Tensor:
+    """``[K, d]``: the anchored cluster's ramp ``u_0 = e_1`` and the runner's ``u_1 = (e_2
+    - e_1) / sqrt 2``, opposed (see the module docstring)."""
+    directions = torch.zeros(CLUSTERS, dim, dtype=torch.float64)
+    directions[ANCHORED, ANCHORED] = 1.0
+    directions[1 - ANCHORED, 1 - ANCHORED] = math.sqrt(0.5)
+    directions[1 - ANCHORED, ANCHORED] = -math.sqrt(0.5)
+    return directions
+
+
 def separated_problem(sizes: SeparatedSizes) -> SeparatedProblem:
     """Draw the clusters' shared data sets (float64, seeded by ``task_seed``); ``sizes``
     must name its noise (:meth:`SeparatedSizes.for_method`)."""
@@ -252,8 +281,7 @@ def separated_problem(sizes: SeparatedSizes) -> SeparatedProblem:
     generator = torch.Generator().manual_seed(sizes.task_seed)
     noise = sizes.noise * torch.randn(CLUSTERS, sizes.samples, sizes.dim, generator=generator, dtype=torch.float64)
     noise -= noise.mean(1, keepdim=True)  # f_i has no linear part: bounded below
-    directions = torch.zeros(CLUSTERS, sizes.samples, sizes.dim, dtype=torch.float64)
-    directions[torch.arange(CLUSTERS), :, torch.arange(CLUSTERS)] = 1.0
+    directions = ramp_directions(sizes.dim)[:, None, :].expand(CLUSTERS, sizes.samples, sizes.dim)
     cluster_ids = torch.arange(CLUSTERS).repeat_interleave(sizes.clients_per_cluster)
     inputs = torch.cat([directions, noise], dim=-1)[cluster_ids]
     targets = torch.zeros(inputs.shape[:2], dtype=torch.float64)

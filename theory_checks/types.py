@@ -183,6 +183,9 @@ class CheckResult:
 
     ``negative_control`` is the control's measurement (required for a "holds");
     ``slack`` the constant and the error / bound ratio at the largest budget.
+    ``clustering_controls`` are, for a statement about a clustering algorithm, the
+    algorithm without its clustering (no clustering, a wrong partition, a random
+    assignment), each of which must violate the claim too.
 
     ``hypotheses`` are the theorem's hypotheses as measured; ``verdicts`` the verdict
     of every fitted exponent.  ``evidence`` is one line for the report's table;
@@ -203,6 +206,7 @@ class CheckResult:
     verdicts: dict[str, RateVerdict] = field(default_factory=dict)
     negative_control: NegativeControl | None = None
     slack: dict[str, Any] = field(default_factory=dict)
+    clustering_controls: tuple[NegativeControl, ...] = ()
 
     def unmet(self) -> list[Hypothesis]:
         """The hypotheses that do not hold."""

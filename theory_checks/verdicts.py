@@ -23,6 +23,7 @@ cannot tell from a power, from reading as a violation: a ratio that grows like
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
 from theory_checks.types import Hypothesis, PowerLaw, RateVerdict, Status
@@ -35,8 +36,10 @@ def rate_verdict(law: PowerLaw, claimed: float, bounded: bool = False) -> RateVe
     """The verdict of ``law`` (fitted exponent and interval) on the ``claimed``
     exponent (see the module docstring); ``bounded``: the variable cannot grow without
     limit on the theorem's domain."""
+    if not math.isfinite(claimed):
+        return RateVerdict("fails", "the bound is not positive and finite where its rate is read: it claims no rate")
     low, high = law.low - claimed, law.high - claimed
-    growth = f"error / bound ~ x^{law.exponent - claimed:+.2f} [{low:+.2f}, {high:+.2f}]"
+    growth = f"error / x^({claimed:+.2f}) ~ x^{law.exponent - claimed:+.2f} [{low:+.2f}, {high:+.2f}]"
     shrinking, growing = ("decays faster", "decays slower") if claimed < 0 else ("grows slower", "grows faster")
     if low > EXPONENT_TOLERANCE:
         if bounded:

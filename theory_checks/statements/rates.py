@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from theory_checks.scaling import ScalingStudy, clustering_study, describe_laws, fc_rate_study, mc_rate_study
+from theory_checks.scaling_common import constant_spread
 from theory_checks.scaling_separated import separated_rate_study
 from theory_checks.statements.registry import Budget, register
 from theory_checks.controls import ratio_slack
@@ -72,6 +73,8 @@ def rate_result(statement: str, study: ScalingStudy, note: str = "",
     exponents = {name: (law, study.claimed[name]) for name, law in study.laws.items()}
     status = rate_status(verdicts, study.hypotheses)
     constant = study.constant
+    seed = int(study.settings.get("seed", 0))
+    instance_verdicts = {sweep.variable: sweep.verdict(seed) for sweep in study.constant_sweeps}
     if status != "hypotheses_unmet":
         failing = [name for name, verdict in verdicts.items() if verdict.verdict == "fails"]
         if counterexample is None and failing:
@@ -79,8 +82,15 @@ def rate_result(statement: str, study: ScalingStudy, note: str = "",
                                         f"{failing[0]}, and every instance meets the hypotheses",
                               **family_of(study, failing[0])}
         if counterexample is None and constant.value == float("inf"):
-            table = study.claimed_rhs[constant.decisive]
-            counterexample = {"reason": "measured error > 0 where the bound's right-hand side is 0", **table}
+            table = study.claimed_rhs[constant.decisive] if constant.decisive < len(study.claimed_rhs) else {}
+            counterexample = {"reason": "measured error > 0 where the bound's right-hand side is 0 or below", **table}
+        wrong = [name for name, verdict in instance_verdicts.items() if verdict.verdict == "fails"]
+        if counterexample is None and wrong:
+            sweep = next(s for s in study.constant_sweeps if s.variable == wrong[0])
+            counterexample = {"reason": f"the bound's dependence on {wrong[0]} is wrong: "
+                                        f"{instance_verdicts[wrong[0]].direction} along {wrong[0]} at "
+                                        f"T = {sweep.arguments[0]['T']:g}, every instance meeting the hypotheses",
+                              **sweep.summary(seed)}
         if counterexample is not None:
             status = "fails"
     evidence = describe_laws(study.laws, study.claimed, BOUNDED_VARIABLES)
@@ -89,20 +99,54 @@ def rate_result(statement: str, study: ScalingStudy, note: str = "",
     elif status == "holds_with_constant":
         evidence += f"; constant C = {constant.value:.3g}"
     control = control if control is not None else study.control
-    if control is not None and control.real is None:  # the real run's ratio where the control's is read
-        control = dataclasses.replace(control, real=_ratio(largest_point(study, control.details["variable"])))
+
+    def with_real(found: NegativeControl) -> NegativeControl:  # the real run's ratio where the control's is read
+        if found.real is not None:
+            return found
+        return dataclasses.replace(found, real=_ratio(largest_point(study, found.details["variable"])))
+
+    control = None if control is None else with_real(control)
+    clustering = tuple(with_real(found) for found in study.controls)
     slack = study_slack(study)
     if status == "holds_with_constant":
-        evidence += f"; error / bound {slack['ratio_at_largest_budget']:.3g} at {slack['at']}"
+        evidence += f"; {bound_ratio_text(study)}"
+        if study.constant_sweeps:
+            evidence += f"; {instances_text(study, instance_verdicts)}"
         if control is not None:
-            evidence += f", control ({control.description}) {control.ratio:.3g}"
+            evidence += f"; control ({control.description}) {control.ratio:.3g}"
+        for found in clustering:
+            evidence += f", {found.description} {found.ratio:.3g}"
     details = {"rows": study.rows, "claimed_rhs": study.claimed_rhs, "settings": study.settings,
-               "findings": study.findings, "notes": note, "fitted_constant": constant}
+               "findings": study.findings, "notes": note, "fitted_constant": constant,
+               "constant_sweeps": [sweep.summary(seed) for sweep in study.constant_sweeps],
+               "constant_spread": constant_spread(study.constant_sweeps)}
     return CheckResult(statement, status, instances=len(study.claimed_rhs),
                        constant=constant if status == "holds_with_constant" else None, exponents=exponents,
                        counterexample=counterexample if status == "fails" else None, evidence=evidence,
                        details=details, hypotheses=study.hypotheses, verdicts=verdicts, negative_control=control,
-                       slack=slack)
+                       slack=slack, clustering_controls=clustering)
+
+
+def bound_ratio_text(study: ScalingStudy) -> str:
+    """The error against the bound actually evaluated (constant 1), at the smallest and
+    the largest value of the first swept variable."""
+    first = study.claimed_rhs[0]["variable"]
+    table = sorted((entry for entry in study.claimed_rhs if entry["variable"] == first), key=lambda e: e["x"])
+    return (f"error / bound (as evaluated) {_ratio(table[0]):.3g} at {first} = {table[0]['x']:g}, "
+            f"{_ratio(table[-1]):.3g} at {first} = {table[-1]['x']:g}")
+
+
+def instances_text(study: ScalingStudy, verdicts: dict[str, Any]) -> str:
+    """The constant across the instance sweep: its spread and the ratio's exponent along
+    each swept constant."""
+    seed = int(study.settings.get("seed", 0))
+    parts = []
+    for sweep in study.constant_sweeps:
+        law = sweep.law(seed)
+        slope = "undecided" if law is None else f"{law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}]"
+        parts.append(f"{sweep.variable} {slope} vs {sweep.claimed:+.2f} ({verdicts[sweep.variable].verdict})")
+    spread = constant_spread(study.constant_sweeps)
+    return (f"across instances error / bound spreads {spread:.3g}x; the error's exponent along " + ", ".join(parts))
 
 
 THM31_CLAIM = ("Threshold-Clustering with tau ~ sqrt(delta_i sigma Delta) and l of eq. (13): "
