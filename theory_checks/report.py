@@ -71,7 +71,10 @@ def control_text(result: CheckResult) -> str:
         return "-"
     real = "" if control.real is None else f" (real run: {control.real:.3g})"
     verdict = "violated" if control.violated else "NOT violated"
-    return f"{control.description}: {control.statistic} {control.ratio:.3g}{real}; {verdict}"
+    text = f"{control.description}: {control.statistic} {control.ratio:.3g}{real}; {verdict}"
+    for found in result.clustering_controls:
+        text += f"; {found.description}: {found.ratio:.3g}, {'violated' if found.violated else 'NOT violated'}"
+    return text
 
 
 def legend() -> list[str]:
@@ -100,8 +103,13 @@ def legend() -> list[str]:
         "**Negative controls.** Every check that can hold runs, on the same instances, a broken algorithm (no "
         "clustering, a frozen model, a step that ignores the threshold) or a violated hypothesis, chosen so that a "
         "true statement must be violated by it, and judges it by the check's own rule; the table shows its "
-        "statistic beside the real run's. A rate's claimed exponent is that of its bound's slowest-decaying term, "
-        "the one it behaves as for large values of the swept variable.",
+        "statistic beside the real run's. A statement about a clustering algorithm run on the separated family "
+        "also runs the algorithm without its clustering (no clustering, a wrong fixed partition, a random "
+        "assignment each round): each must violate the bound, or the status is VACUOUS. A rate's claimed exponent "
+        "is that of its bound's slowest-decaying term, the one it behaves as for large values of the swept "
+        "variable; where the bound is kept as a formula it is read from the formula itself, and the instance's "
+        "constants are swept beside the variable, the error's exponent along each judged against the formula's "
+        "by the same rule (one hidden constant for every admissible instance).",
         "",
         f"Exponents are fitted to the mean error over the repeats (the expectation the rates bound) with a "
         f"{LEVEL:.0%} bootstrap interval over the repeats (widened by Student's quantile for few repeats). "
