@@ -375,6 +375,25 @@ def test_thm31_from_a_fixed_start_within_sigma_holds():
     result = STATEMENTS["thm3.1-deterministic"].check("quick")
     assert result.status == "holds_with_constant" and all(hypothesis.holds for hypothesis in result.hypotheses)
     assert result.verdicts["separation_two_point"].verdict == "holds"
+    # the frozen centre and the three estimates that ignore the clusters all violate it
+    assert result.negative_control.violated
+    assert len(result.clustering_controls) == 3 and all(c.violated for c in result.clustering_controls)
+
+
+def test_thm31_clustering_controls_estimate_half_the_separation_squared():
+    """The mean of both clusters and of every other point (half of each cluster) sit at
+    the midpoint (Delta/2) e_1 up to sigma^2/(2n)-sized noise: squared error about
+    Delta^2/4; a random half sits at a random share of the way, so its error grows with
+    Delta too, where eq. (14) decays in Delta."""
+    study = clustering_study(sizes=TINY_CLUSTERING, seed=0, reading="deterministic")
+    separations = np.array(TINY_CLUSTERING.gaussian_separations)
+    rhs = np.array([entry["rhs"] for entry in study.claimed_rhs if entry["variable"] == "separation_gaussian"])
+    by_kind = {control.description.split(" (")[0]: np.array(control.details["means"]) for control in study.controls}
+    np.testing.assert_allclose(by_kind["no clustering"], separations**2 / 4, rtol=0.35)
+    np.testing.assert_allclose(by_kind["a wrong fixed partition"], separations**2 / 4, rtol=0.35)
+    random = by_kind["a random assignment"]
+    assert random[1] > 2 * random[0] and random[-1] > 2 * rhs[-1]
+    assert all(control.violated for control in study.controls)
 
 
 @pytest.mark.slow

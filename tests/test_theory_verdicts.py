@@ -186,3 +186,33 @@ def test_a_rate_check_with_unmet_hypotheses_gives_no_verdict():
     assert result.constant is None and result.counterexample is None
     assert "Assumption 9 unmet" in result.evidence and "round 1" in result.evidence
     assert result.unmet() == [unmet]
+
+
+def test_a_status_that_changes_across_seeds_is_inconclusive_at_the_budget():
+    """FedSPD's quick checks run at eight seeds: one status everywhere is kept (and said),
+    any change gives "inconclusive" with every seed's status listed and no constant."""
+    from theory_checks.statements.other_papers import seed_stable
+    from theory_checks.types import CheckResult, FittedConstant
+
+    constant = FittedConstant(0.5, "upper", 3, 0, (0.5,))
+    holding = CheckResult("s", "holds_with_constant", constant=constant, evidence="fit")
+    same = seed_stable([holding, holding], [0, 1])
+    assert same.status == "holds_with_constant" and "same status at seeds 0-1" in same.evidence
+    mixed = seed_stable([holding, CheckResult("s", "loose"), holding], [3, 4, 5])
+    assert mixed.status == "inconclusive" and mixed.constant is None
+    assert "4: loose" in mixed.evidence and "3: holds_with_constant" in mixed.evidence
+
+
+def test_a_fedspd_repeat_whose_centres_never_found_the_sources_is_named_and_dropped():
+    """A repeat is dropped from every horizon when its run at any horizon ended with a
+    centre far from its source's optimum; the others stay, paired across horizons."""
+    from theory_checks.scaling_fedspd import FedSPDMeasurements, FedSPDRun, FedSPDSizes, collapsed_repeats
+
+    def run(found: bool) -> FedSPDRun:
+        return FedSPDRun(1.0, 1.0, 1.0, 0, None, 2.0, found)  # type: ignore[arg-type]
+
+    sizes = FedSPDSizes(horizons=(32, 64, 128), repeats=3)
+    runs = ((run(True), run(True), run(True)), (run(True), run(False), run(True)), (run(True), run(False), run(True)))
+    measured = FedSPDMeasurements(runs, 1.0, 1.0, 0, 0.5)
+    assert collapsed_repeats(measured, sizes, seed=4) == [{"repeat": 1, "federation_seed": 4001,
+                                                           "horizons": [64, 128]}]

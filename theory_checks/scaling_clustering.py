@@ -49,9 +49,11 @@ and under which the family breaks eq. (14).  From a deterministic start within
 from a uniformly random member of cluster 0, the two-point sweep's error taken exactly
 in expectation over that start; ``"deterministic"``: every sweep from ``E z_0 + sigma
 u``, the two-point sweep from the bulk) and measures the theorem's hypotheses on the
-instances run.  The negative control is no clustering at all (the mean of both
-clusters' points) on the ``separation_gaussian`` sweep's points: its error grows like
-``Delta^2`` where eq. (14) decays.
+instances run.  The controls, on the ``separation_gaussian`` sweep's points
+(:data:`CONTROLS`): the centre left at its start (sanity: its error stays near
+``sigma^2``), and three estimates that ignore the clusters (the mean of every point, of
+a wrong fixed partition's group, of a random half), whose errors grow like ``Delta^2``
+where eq. (14) decays.
 """
 
 from __future__ import annotations
@@ -136,18 +138,21 @@ def clustering_study(budget: Budget = "quick", sizes: ClusteringSizes | None = N
         start: Start = lambda points, n, truth: _random_member(points, n, generator)  # noqa: E731
     else:
         start = lambda points, n, truth: truth + SIGMA * direction  # noqa: E731
-    separation, unclustered = _gaussian_separation_sweep(chosen, generator, start)
+    # the random control draws from its own stream: the sweeps' points stay those of the seed
+    separation, controls = _gaussian_separation_sweep(chosen, generator, start,
+                                                      torch.Generator().manual_seed(CONTROL_STREAM + seed))
     sweeps = [
         _size_sweep(chosen, generator, start),
         _byzantine_sweep(chosen, direction, generator, start),
         separation,
         _two_point_sweep(chosen, generator, reading),
     ]
-    control = rate_control(UNCLUSTERED, separation.values, unclustered, separation.rhs, separation.claimed,
-                           variable=separation.variable, seed=seed)
+    judged = {name: rate_control(CONTROLS[name], separation.values, errors, separation.rhs, separation.claimed,
+                                 variable=separation.variable, seed=seed) for name, errors in controls.items()}
     findings = {"two_point_random_start": two_point_random_start(chosen.random_start_family, seed=seed)}
     settings = {"sigma": SIGMA, "clusters": CLUSTERS, "reading": reading, **asdict(chosen), "seed": seed}
-    return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading), control)
+    return assemble("thm3.1", sweeps, settings, seed, findings, clustering_hypotheses(chosen, reading),
+                    judged["frozen"], controls=tuple(judged[name] for name in ("none", "wrong", "random")))
 
 
 def clustering_hypotheses(sizes: ClusteringSizes, reading: Reading) -> tuple[Hypothesis, ...]:
@@ -252,27 +257,49 @@ def _byzantine_sweep(sizes: ClusteringSizes, direction: Tensor, generator: torch
     return Sweep("beta", tuple(betas), torch.stack(errors).numpy(), tuple(rhs), 1.0)
 
 
-def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator,
-                               start: Start) -> tuple[Sweep, np.ndarray]:
-    """The sweep, and its negative control on the same points: no clustering, the mean
-    of every point of both clusters (``[levels, repeats]`` squared errors, about
-    ``(Delta / 2)^2``)."""
+def _gaussian_separation_sweep(sizes: ClusteringSizes, generator: torch.Generator, start: Start,
+                               control_generator: torch.Generator) -> tuple[Sweep, dict[str, np.ndarray]]:
+    """The sweep, and its controls on the same points (``[levels, repeats]`` squared
+    errors of cluster 0's estimate, :data:`CONTROLS`): the centre left at its start, and
+    three estimates that ignore the clusters, each about ``(Delta / 2)^2``: the mean of
+    every point, of a wrong fixed partition's group (every other point: half of each
+    cluster) and of a random half drawn afresh for each problem."""
     n, fraction = sizes.gaussian_cluster_size, 1.0 / CLUSTERS
-    errors, unclustered = [], []
+    errors: list[Tensor] = []
+    controls: dict[str, list[Tensor]] = {name: [] for name in CONTROLS}
     for separation in sizes.gaussian_separations:
         tau = float(bounds.clustering_radius(fraction, SIGMA, separation))
         rounds = bounds.clustering_rounds(SIGMA, separation, fraction)
         points = _gaussian_points(n, separation, sizes.dim, 0, sizes.repeats, generator)
         truth = points.new_zeros(sizes.repeats, sizes.dim)
-        errors.append(clustering_errors(points, start(points, n, truth), truth, tau, rounds))
-        unclustered.append((points.mean(1) - truth).square().sum(-1))
+        started = start(points, n, truth)
+        errors.append(clustering_errors(points, started, truth, tau, rounds))
+        drawn = torch.rand(points.shape[:2], generator=control_generator, dtype=torch.float64) < 0.5  # [B, 2n]
+        drawn[:, 0] = True  # never an empty group
+        estimates = {
+            "frozen": started,
+            "none": points.mean(1),
+            "wrong": points[:, ::2].mean(1),  # rows 0..n-1 are cluster 0, n..2n-1 cluster 1
+            "random": (points * drawn.unsqueeze(-1)).sum(1) / drawn.sum(1, keepdim=True),
+        }
+        for name, estimate in estimates.items():
+            controls[name].append((estimate - truth).square().sum(-1))
     rhs = bounds.clustering_error(SIGMA, np.array(sizes.gaussian_separations), n)
     sweep = Sweep("separation_gaussian", tuple(sizes.gaussian_separations), torch.stack(errors).numpy(),
                   tuple(rhs), -1.0)
-    return sweep, torch.stack(unclustered).numpy()
+    return sweep, {name: torch.stack(found).numpy() for name, found in controls.items()}
 
 
-UNCLUSTERED = "no clustering (the mean of both clusters' points), on the separation_gaussian sweep's points"
+#: Offset of the random control's seed from the study's.
+CONTROL_STREAM = 7919
+#: The controls of Thm 3.1's checks, on the separation_gaussian sweep's points: the
+#: frozen centre (sanity) and the three clustering controls.
+CONTROLS = {
+    "frozen": "the centre left at its start (no clustering round), on the separation_gaussian sweep's points",
+    "none": "no clustering (the mean of both clusters' points), on the separation_gaussian sweep's points",
+    "wrong": "a wrong fixed partition (every other point: half of each cluster), on the same points",
+    "random": "a random assignment (a random half of the points, drawn afresh per problem), on the same points",
+}
 
 
 @dataclass(frozen=True)

@@ -119,12 +119,24 @@ def rate_result(statement: str, study: ScalingStudy, note: str = "",
     details = {"rows": study.rows, "claimed_rhs": study.claimed_rhs, "settings": study.settings,
                "findings": study.findings, "notes": note, "fitted_constant": constant,
                "constant_sweeps": [sweep.summary(seed) for sweep in study.constant_sweeps],
-               "constant_spread": constant_spread(study.constant_sweeps)}
+               **spread_of(study)}
     return CheckResult(statement, status, instances=len(study.claimed_rhs),
                        constant=constant if status == "holds_with_constant" else None, exponents=exponents,
                        counterexample=counterexample if status == "fails" else None, evidence=evidence,
                        details=details, hypotheses=study.hypotheses, verdicts=verdicts, negative_control=control,
                        slack=slack, clustering_controls=clustering)
+
+
+def spread_of(study: ScalingStudy) -> dict[str, Any]:
+    """The largest over the smallest mean error / bound across the study's instances:
+    those of its constant sweeps where it has them, else every swept value (for Thm
+    3.1's sweeps, each value an instance), and which it is."""
+    if study.constant_sweeps:
+        return {"constant_spread": constant_spread(study.constant_sweeps),
+                "constant_spread_over": "the admissible instances of the constant sweeps"}
+    ratios = [_ratio(entry) for entry in study.claimed_rhs if entry["rhs"] > 0]
+    return {"constant_spread": max(ratios) / min(ratios) if ratios and min(ratios) > 0 else None,
+            "constant_spread_over": "every swept value"}
 
 
 def bound_ratio_text(study: ScalingStudy) -> str:
