@@ -94,19 +94,20 @@ BOUNDS: dict[Method, tuple[str, Formula, float]] = {
     "pdl_tc": ("ws-thm4", pdl_tc_formula, 6.0),
 }
 FROZEN = "a frozen model (x stays at x_0: the anchored clients never descend)"
+#: Each swept constant's name among the bound's arguments.
+CONSTANT_KEYS = {"sigma": "rho", "F0": "F0", "L": "L", "n": "n"}
+#: Constants the hypotheses bound: delta_i Delta / rho >= 1 caps sigma at delta_i Delta sqrt(b).
+BOUNDED_CONSTANTS = frozenset({"sigma"})
 #: The instance's constants swept beside ``T`` (at :attr:`SeparatedSizes.instance_horizon`),
-#: one at a time, each over factors of its base value; the sweep's variable is the
-#: constant as the bound reads it (sigma per sample, F_0, L, n_i).  Noise only goes
+#: one at a time, each by factors of the size behind it (sigma: the noise; F_0: the
+#: anchor a; L: the sharpness; n_i: the clients per cluster); the sweep's variable is
+#: the constant as the bound reads it (sigma per sample, F_0, L, n_i).  Noise only goes
 #: down: at twice the base noise the separation hypothesis (delta_i Delta / rho >= 1)
 #: fails.  ``L`` is swept at a fixed ``F_0`` (the anchor moved to keep it); the family
 #: is scale-invariant (``y = s x`` maps sharpness ``s`` and anchor ``a`` to sharpness 1
 #: and anchor ``s a``, with ``s eta`` unchanged), so its runs see ``L`` and ``F_0`` only
 #: through ``L F_0``, as eq. (28) does.  K = 2 and delta_i = 1/2 are fixed by the
 #: family's construction, and Delta by the runner's unit slope.
-#: Each swept constant's name among the bound's arguments.
-CONSTANT_KEYS = {"sigma": "rho", "F0": "F0", "L": "L", "n": "n"}
-#: Constants the hypotheses bound: delta_i Delta / rho >= 1 caps sigma at delta_i Delta sqrt(b).
-BOUNDED_CONSTANTS = frozenset({"sigma"})
 SWEPT_CONSTANTS: dict[str, tuple[float, ...]] = {
     "sigma": (0.25, 0.5, 1.0),
     "F0": (0.5, 1.0, 2.0),
