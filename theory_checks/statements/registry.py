@@ -2,8 +2,8 @@
 
 A :class:`Statement` names the claim, where the paper makes it, what kind of claim it
 is, and a checker ``check(budget, seed) -> CheckResult``.  ``budget`` says how hard to
-look (``"quick"``: the report's ``--quick`` mode, about 5 minutes for all statements
-together on 2 cores; ``"full"``: about 40); ``seed`` picks the random instances (seed 0 is the
+look (``"quick"``: the report's ``--quick`` mode, about 8 minutes for all statements
+with one torch thread; ``"full"``: about 90); ``seed`` picks the random instances (seed 0 is the
 report's default; :func:`statement_seed` derives a check's own streams from it).
 """
 
