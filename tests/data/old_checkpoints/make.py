@@ -1,7 +1,10 @@
 """Writes the checkpoints ``tests/test_checkpoint.py`` resumes as *old* ones: run at
 commit d6839b2, before the engine moved to ``robust_pfl.engine`` and the aggregators
 to ``defenses.aggregators``, so their pickles name the modules classes lived in then.
-Each run stops after 4 of its 9 rounds; ``configs.json`` holds the configs.
+Each run stops in round 5 of its 9, so the file holds the state after round 4;
+``configs.json`` holds the configs.  They were written on an AMD EPYC: a test reads
+them exactly (loading does no arithmetic) but compares what it computes from them
+within a tolerance, since another CPU may round the resumed rounds differently.
 
     python tests/data/old_checkpoints/make.py   (only meaningful at that commit)
 """
