@@ -124,7 +124,9 @@ class FederatedClustering(Algorithm):
     Byzantine clients' own models are never updated (only their messages matter).
     All clients of a subgroup use the same batch for every receiver in a round.
 
-    Besides the ball (``centres``, ``radius_policy``, ``aggregate``), the attack sees
+    Besides the ball (``centres``, ``radius_policy``, ``aggregate``) and last round's
+    balls (``assignment[R, N]``: 0 where a client's row was inside the receiver's ball
+    at the last iteration of last round's clustering, else -1), the attack sees
     ``client_gradient(c)``: client ``c``'s honest gradient at its own model on this
     round's batch, ``g_c(x_c)`` (``[d]``; for a Byzantine or unknown ``c``, the honest
     client of lowest index), which bit flip's ``"client_model"`` source sends.
@@ -164,6 +166,11 @@ class FederatedClustering(Algorithm):
         # [N, d] own gradients and updates, reused every round (fresh ones page-fault)
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
+        # [N, N] bool, receiver x sender: inside the receiver's ball at the last iteration
+        # of the latest round's clustering (None before the first).  Only published
+        # (defense_state "assignment"); a checkpoint keeps it, so that a resumed run
+        # publishes what the uninterrupted one does.
+        self.inside: Tensor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A checkpoint leaves out the round's scratch (the cross-gradient workspace, up
@@ -174,6 +181,8 @@ class FederatedClustering(Algorithm):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.__dict__.pop("_buffer", None)  # a checkpoint of a version with one workspace
+        # a checkpoint written before the balls were kept: none known until the next round
+        self.__dict__.setdefault("inside", None)
         self._buffers = {}
         self._own = torch.zeros_like(self.models)
         self._updates = torch.zeros_like(self.models)
@@ -248,6 +257,8 @@ class FederatedClustering(Algorithm):
         updates, own = self._updates.zero_(), self._own.zero_()
         row_bytes = 2 * d * self.models.element_size()
         client_gradient = self._client_gradients(batch)
+        # last round's balls are published; this round's are filled as its clusterings run
+        last, self.inside = self.inside, torch.zeros(fed.clients, fed.clients, dtype=torch.bool, device=fed.device)
         groups = []
         for members in self._subgroups():
             # Honest senders first: when the attack overwrites the Byzantine rows unread,
@@ -275,6 +286,7 @@ class FederatedClustering(Algorithm):
                 state = {
                     "centres": start.unsqueeze(1),
                     "radius_policy": self.policy,
+                    "assignment": None if last is None else torch.where(last[clients], 0, -1),
                     "aggregate": aggregate,
                     "client_gradient": client_gradient,
                 }
@@ -355,9 +367,9 @@ class _Pending:
         row ``starts[M, 1]``."""
         senders = members.expand(clients.numel(), -1)
         if not self.together:
-            centres = self.algorithm._cluster(received, starts).centres
-            self.updates[clients] = centres[:, 0]
-            self._note(received, centres, clients, senders)
+            result = self.algorithm._cluster(received, starts)
+            self.updates[clients] = result.centres[:, 0]
+            self._note(received, result, clients, senders)
             return
         self.senders.setdefault(received.shape[1], []).append(senders)
         workspace, used, waiting_clients, waiting_starts = self.waiting[received.shape[1]]
@@ -372,16 +384,19 @@ class _Pending:
     def _cluster(self, senders: int) -> None:
         workspace, used, clients, starts = self.waiting[senders]
         if used:
-            centres = self.algorithm._cluster(workspace[:used], torch.cat(starts)).centres
-            self.updates[torch.cat(clients)] = centres[:, 0]
-            self._note(workspace[:used], centres, torch.cat(clients), torch.cat(self.senders.pop(senders)))
+            result = self.algorithm._cluster(workspace[:used], torch.cat(starts))
+            self.updates[torch.cat(clients)] = result.centres[:, 0]
+            self._note(workspace[:used], result, torch.cat(clients), torch.cat(self.senders.pop(senders)))
         self.waiting[senders] = (workspace, 0, [], [])
         self.senders.pop(senders, None)
 
-    def _note(self, received: Tensor, centres: Tensor, clients: Tensor, senders: Tensor) -> None:
-        """The chunk's ball rows, with ``record_balls``."""
+    def _note(self, received: Tensor, result: ClusteringResult, clients: Tensor, senders: Tensor) -> None:
+        """Which senders ``senders[M, S]`` ended inside the balls of receivers
+        ``clients[M]`` (the algorithm's ``inside``, published next round), and the
+        chunk's ball rows with ``record_balls``."""
+        self.algorithm.inside[clients.unsqueeze(-1), senders] = result.inside[:, 0]
         if self.algorithm.params.record_balls:
-            self.balls.append(self.algorithm.ball_rows(received, centres, clients, senders))
+            self.balls.append(self.algorithm.ball_rows(received, result.centres, clients, senders))
 
 
 class CentreClusteringParams(ClusteringParams):
@@ -677,9 +692,18 @@ class _ServerClustering(Algorithm):
         centres, assignment, _ = self._cluster(messages, copy)
         return centres[assignment]
 
+    def _defense_state(self) -> dict[str, Any]:
+        """What adaptive attacks see at this round's delivery (``defense_state.SERVER_CLUSTERING``):
+        last round's centres and assignment (both ``None`` before the first clustering;
+        the zeros the assignment starts as were never a clustering's), the radius
+        policy and the probe.  Read-only: nothing here changes the round."""
+        assignment = None if self.centres is None else self.assignment
+        return {"centres": self.centres, "radius_policy": self.policy, "assignment": assignment,
+                "aggregate": self._probe}
+
     def _cluster_and_update(self, round_index: int, vectors: Tensor) -> Tensor | None:
         fed = self.federation
-        state = {"centres": self.centres, "radius_policy": self.policy, "aggregate": self._probe}
+        state = self._defense_state()
         # An attack that reads nothing overwrites the Byzantine rows in place: those rows
         # of ``vectors`` carry nothing honest to keep (see Federation.byzantine_rows_read).
         unread = not fed.byzantine_rows_read

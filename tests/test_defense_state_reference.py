@@ -100,7 +100,7 @@ def test_a_declaration_the_run_breaks_is_named(name, key, changes, named):
 
 def test_publishing_a_key_at_a_kind_declared_empty_is_named():
     cls = type("Undeclared", (BUILT_IN["mc"],), {"published_state": defense_state.NOTHING})
-    with pytest.raises(ConformanceError, match=r"publishes \['aggregate', 'centres', 'radius_policy'\] at momentum"):
+    with pytest.raises(ConformanceError, match=r"publishes \['aggregate', 'assignment', 'centres', 'radius_policy'\] at momentum"):
         defenses.check_algorithm(cls)
 
 

@@ -11,17 +11,37 @@ still ``None``), so that an attack reading a key a defense does not publish fail
 its conformance test, named, and not in the middle of a run.  docs/extending.md's
 "Context and state reference" is :func:`reference_markdown` of :data:`DECLARED`.
 
-Shapes are written in symbols:
+Shapes are written in symbols, each with one meaning:
 
 * ``N``: the federation's clients;
 * ``S``: the senders of the delivery (``messages.shape[-2]``; ``N`` unless
   ``context.senders`` lists a subgroup, as FC's random subgroups do);
 * ``R``: the receivers, ``context.receivers``: the delivered messages hold one
   leading block per receiver;
+* ``B``: the Byzantine senders of the delivery, ``context.byzantine.sum()``;
 * ``d``: the model dimension;
 * ``K``: the models or centres the defense holds (it may change between rounds:
   CFL splits clusters, CGPFL-Heur starts from one);
 * ``...``: the leading dimensions of the messages a probe is handed.
+
+A radius policy is ``policy(dist[P, K, Q], l) -> tau[P, K]`` (:data:`POLICY_SIGNATURE`):
+
+* ``P``: the clustering problems of one call, each clustered on its own (FC and
+  PDL-TC: one per receiver clustered in that call, a chunk of the round's receivers;
+  MC, Myopic, PFL-TC: 1); a policy must give each problem the radius it would give it
+  alone;
+* ``Q``: the points of each problem, the delivered rows the defense clusters;
+* ``l``: Threshold-Clustering's iteration (Werner et al., Alg. 3), ``0 .. M - 1`` with
+  ``M = clustering_rounds``; not the training round.  No built-in policy reads it.
+
+At iteration ``l``, ``dist[p, k, q]`` is the distance of centre ``k`` (as it stands
+before that iteration's move; ``l = 0``: the starting centre) to point ``q``, ``inf``
+for a non-finite (inadmissible) point; every delivered row counts, the Byzantine
+rows as the attack returned them.  With the ``gram`` and ``pairwise`` evaluations the
+policy is also handed lower and upper bounds of the distances (to find the points
+whose exact distance decides a membership), and distances whose membership is
+decided either way are exact only up to rounding.  Which rows each defense's
+problems hold, and when, is in its ``radius_policy`` entry.
 """
 
 from __future__ import annotations
@@ -35,10 +55,13 @@ from torch import Tensor
 from robust_pfl.engine.types import MessageKind
 
 Dim = str | int
+#: How the reference writes a radius policy (the symbols: the module docstring).
+POLICY_SIGNATURE = "policy(dist[P, K, Q], l) -> tau[P, K]"
+
 #: ``tensor``: a tensor of ``shape``; ``probe``: ``f(messages) -> shape`` (``...``: the
 #: messages' leading dimensions), a pure function of what it is handed (it draws from
-#: a copy of the defense's generator); ``radius_policy``: ``policy(dist[B, K, S], t) ->
-#: tau[B, K]`` (:class:`defenses.RadiusPolicy`); ``client_gradient``: ``f(c) -> [d]``.
+#: a copy of the defense's generator); ``radius_policy``: :data:`POLICY_SIGNATURE`
+#: (:class:`defenses.RadiusPolicy`); ``client_gradient``: ``f(c) -> [d]``.
 ValueKind = Literal["tensor", "probe", "radius_policy", "client_gradient"]
 DType = Literal["float", "int", "bool"]
 
@@ -52,8 +75,10 @@ class StateKey:
     shape: tuple[Dim, ...]
     meaning: str
     dtype: DType = "float"
-    #: an ``int`` tensor's values lie in ``[0, bound)``
-    bound: str | None = None
+    #: an ``int`` tensor's values lie in ``[lowest, bound)``: ``bound`` a symbol or a size
+    bound: str | int | None = None
+    #: the least value of an ``int`` tensor (-1 where it marks "no centre")
+    lowest: int = 0
     #: ``None`` in round 0 (nothing estimated yet), a value in every later round
     none_in_round_0: bool = False
 
@@ -61,9 +86,11 @@ class StateKey:
         """The shape as the reference table writes it."""
         dims = f"[{', '.join(str(dim) for dim in self.shape)}]"
         text = {"tensor": dims, "probe": f"f(messages) -> {dims}", "client_gradient": f"f(c) -> {dims}",
-                "radius_policy": "policy(dist[B, K, S], t) -> [B, K]"}[self.kind]
+                "radius_policy": POLICY_SIGNATURE}[self.kind]
         if self.kind == "tensor" and self.dtype != "float":
             text += f" {self.dtype}"
+            if self.bound is not None:
+                text += f" in [{self.lowest}, {self.bound})"
         return text + (", None in round 0" if self.none_in_round_0 else "")
 
 
@@ -98,10 +125,25 @@ def _key(name: str, kind: ValueKind, shape: tuple[Dim, ...], meaning: str, **mor
 
 
 # -- the keys several defenses share ---------------------------------------------------------
-_POLICY = _key("radius_policy", "radius_policy", (), "the threshold radius rule of the defense's clustering")
+def _policy(fed: str) -> StateKey:
+    """The radius rule of a Threshold-Clustering defense; ``fed``: which problems and
+    rows it is handed, and when."""
+    return _key("radius_policy", "radius_policy", (),
+                "the radius rule of the defense's Threshold-Clustering (Alg. 3), called at each iteration l = 0 .. "
+                f"M - 1 of this round's clustering, after this delivery: {fed}")
+
+
 _MODELS = _key("models", "tensor", ("K", "d"), "the cluster models (before this round's update)")
-_ASSIGNMENT = _key("assignment", "tensor", ("N",), "the model each client is assigned (last round's choice)",
-                   dtype="int", bound="K")
+#: At the loss reports, before this round's choice.
+_ASSIGNMENT_BEFORE = _key(
+    "assignment", "tensor", ("N",),
+    "last round's choice: client i (Byzantine rows included) was on models[assignment[i]]; all 0 in round 0",
+    dtype="int", bound="K")
+#: At the messages sent after the choice.
+_ASSIGNMENT_CHOSEN = _key(
+    "assignment", "tensor", ("N",),
+    "this round's choice, made from the reported losses (a Byzantine client's from its report, forged or not): "
+    "client i's row is computed at and averaged into models[assignment[i]]", dtype="int", bound="K")
 _PER_CLIENT_PROBE = _key("aggregate", "probe", ("...", "S", "d"),
                          "per sender, what its cluster's server rule makes of candidate messages")
 
@@ -127,7 +169,9 @@ GROUND_TRUTH = PublishedState("ground_truth", (
 CFL = PublishedState("cfl", (
     Delivery(("gradient", "model"), ("S", "d"), (
         _key("models", "tensor", ("K", "d"), "the cluster models, K the clusters split so far"),
-        _key("assignment", "tensor", ("N",), "each client's cluster", dtype="int", bound="K"),
+        _key("assignment", "tensor", ("N",),
+             "each client's cluster (Byzantine rows included) after last round's splits, before this round's: "
+             "client i's row is computed at models[assignment[i]]; all 0 in round 0", dtype="int", bound="K"),
         _PER_CLIENT_PROBE),
         "the row of client i is averaged into models[assignment[i]] (kind model: local models, "
         "turned into pseudo-gradients), and may split that cluster"),
@@ -147,7 +191,13 @@ FC = PublishedState("fc", (
     Delivery(("cross_gradient",), ("R", "S", "d"), (
         _key("centres", "tensor", ("R", 1, "d"),
              "each receiver's starting centre: its own gradient g_r(x_r), the ball's centre"),
-        _POLICY,
+        _policy("P receivers of this delivery's chunk (on an accelerator, the receivers of every group of one "
+                "size gathered), K = 1; receiver r's Q = S points are block r as delivered (its subgroup's rows, "
+                "the Byzantine rows the attack returned for r); l = 0 measures from centres[r, 0]"),
+        _key("assignment", "tensor", ("R", "N"),
+             "last round's balls: assignment[r, j] = 0 when client j's row (Byzantine or honest) was inside "
+             "receiver receivers[r]'s ball, its one centre, at the last iteration of last round's clustering; -1 "
+             "when it was outside or not in r's subgroup", dtype="int", bound=1, lowest=-1, none_in_round_0=True),
         _key("aggregate", "probe", ("...", 1, "d"),
              "each receiver's centre after Threshold-Clustering of candidate messages [R, S, d]"),
         _key("client_gradient", "client_gradient", ("d",),
@@ -159,8 +209,18 @@ FC = PublishedState("fc", (
 
 SERVER_CLUSTERING = PublishedState("mc, myopic, pfl_tc", (
     Delivery(("momentum", "gradient"), ("S", "d"), (
-        _key("centres", "tensor", ("K", "d"), "last round's centres (warm start)", none_in_round_0=True),
-        _POLICY,
+        _key("centres", "tensor", ("K", "d"),
+             "last round's final centres: this round's starting centres with warm_start (MC's default; Myopic and "
+             "PFL-TC seed afresh by default)", none_in_round_0=True),
+        _policy("P = 1, the K current centres against all Q = N delivered rows (the Byzantine rows as the attack "
+                "returned them; l = 0: the starting centres); with reseed = merged again from fresh seeds when "
+                "the centres merged, with reseed = challenger also a fresh clustering of a density sample of Q <= "
+                "128 admissible rows; with record_balls once more at l = M - 1 on the final centres"),
+        _key("assignment", "tensor", ("N",),
+             "last round's assignment: client i (Byzantine rows included, by the row delivered for it) applied "
+             "centres[assignment[i]], the centre its row was nearest to after the last iteration of last round's "
+             "clustering (switch_margin > 0: its previous centre unless another was nearer by that margin); with "
+             "centre_update = cell it fixes this round's cells", dtype="int", bound="K", none_in_round_0=True),
         _key("aggregate", "probe", ("...", "S", "d"),
              "what every client would apply: centres[assignment] after clustering candidate messages")),
         "one set clustered by the server against all K centres: a Byzantine row counts for the centres whose "
@@ -168,33 +228,37 @@ SERVER_CLUSTERING = PublishedState("mc, myopic, pfl_tc", (
 ))
 
 _LOSS_REPORTS = Delivery(("loss",), ("S", "K"), (
-    _MODELS, _ASSIGNMENT,
+    _MODELS, _ASSIGNMENT_BEFORE,
     _key("aggregate", "probe", ("...", "S", "K"), "the per-client cluster mean, here of the reports")),
     "reported losses (only a loss-forging attack replaces them): the lowest finite entry of a row picks its "
     "client's model")
 
 IFCA = PublishedState("ifca, ifca_model_avg, hypcluster", (
     _LOSS_REPORTS,
-    Delivery(("gradient", "model"), ("S", "d"), (_MODELS, _ASSIGNMENT, _PER_CLIENT_PROBE),
+    Delivery(("gradient", "model"), ("S", "d"), (_MODELS, _ASSIGNMENT_CHOSEN, _PER_CLIENT_PROBE),
              "the row of client i is averaged into models[assignment[i]] (IFCA: gradients; IFCA model "
              "averaging, HypCluster: local models)"),
 ))
 
 CLOVE = PublishedState("clove", (
     Delivery(("loss",), ("S", "K"), (
-        _MODELS, _ASSIGNMENT,
+        _MODELS, _ASSIGNMENT_BEFORE,
         _key("assign", "probe", ("...", "S"), "the assignment the server would make from candidate reports",
              dtype="int", bound="K")),
         "reported losses, embedded and clustered: a forged row can change its client's cluster and the "
         "matching of clusters to models"),
-    Delivery(("model", "gradient"), ("S", "d"), (_MODELS, _ASSIGNMENT, _PER_CLIENT_PROBE),
+    Delivery(("model", "gradient"), ("S", "d"), (_MODELS, _ASSIGNMENT_CHOSEN, _PER_CLIENT_PROBE),
              "the row of client i is averaged into models[assignment[i]]"),
 ))
 
 PDL_TC = PublishedState("pdl_tc", (
     Delivery(("momentum",), ("R", "S", "d"), (
         _key("centres", "tensor", ("R", 1, "d"), "each receiver's own momentum, its ball's centre"),
-        _POLICY,
+        _policy("P receivers of this delivery's chunk, K = 1; complete graph: receiver r's Q = N points are block "
+                "r as delivered (the Byzantine rows the attack returned for r); sparse graph: its closed "
+                "neighbourhood's rows only (a quantile radius is taken over them by the defense without calling "
+                "the policy; a fixed or theory one is handed them padded with inf to the largest neighbourhood); "
+                "l = 0 measures from centres[r, 0]"),
         _key("neighbours", "tensor", ("R", "N"), "each receiver's closed neighbourhood", dtype="bool"),
         _key("aggregate", "probe", ("...", 1, "d"),
              "each receiver's centre after clustering candidate messages [R, S, d]")),
@@ -252,6 +316,12 @@ class _Shapes:
         return True
 
 
+def _size(dim: Dim, bound: Mapping[str, int]) -> int:
+    """A dimension's size: a number as it is, a symbol as ``bound`` binds it (0 when
+    unbound, so that no value lies below it)."""
+    return dim if isinstance(dim, int) else bound.get(dim, 0)
+
+
 def state_problems(declared: PublishedState, kind: str, round_index: int, messages: Tensor,
                    state: Mapping[str, Any], clients: int, dim: int, receivers: Tensor | None = None,
                    senders: Tensor | None = None) -> list[str]:
@@ -265,7 +335,9 @@ def state_problems(declared: PublishedState, kind: str, round_index: int, messag
     problems = []
     names = [key.name for key in delivery.keys]
     if set(state) != set(names):
-        return [f"publishes {sorted(state)} at {kind} deliveries, declares {sorted(names)}"]
+        missing, extra = sorted(set(names) - set(state)), sorted(set(state) - set(names))
+        return [f"publishes {sorted(state)} at {kind} deliveries, declares {sorted(names)} (declared, not "
+                f"published: {missing}; published, not declared: {extra})"]
     if delivery.receivers != (receivers is not None) or delivery.senders != (senders is not None):
         problems.append(f"{kind}: receivers / senders set ({receivers is not None} / {senders is not None}), "
                         f"declared ({delivery.receivers} / {delivery.senders})")
@@ -284,10 +356,11 @@ def state_problems(declared: PublishedState, kind: str, round_index: int, messag
         if key.none_in_round_0 and round_index == 0:
             problems.append(f"{where} is declared None in round 0, got a value")
         if key.kind == "radius_policy":
+            # one problem, one centre, the delivery's senders as points, at iteration 0
             out = value(torch.ones(1, 1, messages.shape[-2], dtype=messages.dtype, device=messages.device),
-                        round_index) if callable(value) else None
+                        0) if callable(value) else None
             if not isinstance(out, Tensor) or tuple(out.shape) != (1, 1):
-                problems.append(f"{where}: not a policy(dist[B, K, S], t) -> [B, K]")
+                problems.append(f"{where}: not a {POLICY_SIGNATURE}")
             continue
         if key.kind in ("probe", "client_gradient"):
             if not callable(value):
@@ -301,8 +374,8 @@ def state_problems(declared: PublishedState, kind: str, round_index: int, messag
         elif not _dtype_ok(value, key.dtype):
             problems.append(f"{where}: dtype {value.dtype}, declared {key.dtype}")
         elif key.bound is not None and value.numel() and not (
-                0 <= int(value.min()) and int(value.max()) < shapes.bound.get(key.bound, 0)):
-            problems.append(f"{where}: values outside [0, {key.bound})")
+                key.lowest <= int(value.min()) and int(value.max()) < _size(key.bound, shapes.bound)):
+            problems.append(f"{where}: values outside [{key.lowest}, {key.bound})")
     return problems
 
 
@@ -336,7 +409,7 @@ def example_state(delivery: Delivery, round_index: int, sizes: Mapping[str, int]
         elif key.kind == "probe":
             state[key.name] = _example_probe(key)
         elif key.dtype == "int":
-            state[key.name] = torch.randint(0, sizes[key.bound or "K"], shape, generator=generator)
+            state[key.name] = torch.randint(key.lowest, _size(key.bound or "K", sizes), shape, generator=generator)
         elif key.dtype == "bool":
             state[key.name] = torch.rand(shape, generator=generator) < 0.75
         else:
