@@ -219,7 +219,7 @@ SERVER_CLUSTERING = PublishedState("mc, myopic, pfl_tc", (
         _key("assignment", "tensor", ("N",),
              "last round's assignment: client i (Byzantine rows included, by the row delivered for it) applied "
              "centres[assignment[i]], the centre its row was nearest to after the last iteration of last round's "
-             "clustering (switch_margin > 0: its previous centre unless another was nearer by that margin); with "
+             "clustering (switch_margin > 0: its previous centre unless the nearest was under (1 - switch_margin) times as far); with "
              "centre_update = cell it fixes this round's cells", dtype="int", bound="K", none_in_round_0=True),
         _key("aggregate", "probe", ("...", "S", "d"),
              "what every client would apply: centres[assignment] after clustering candidate messages")),
