@@ -277,12 +277,8 @@ class CGPFL(Algorithm):
         update: Tensor | None = None
         for _ in range(p.local_rounds):  # line 6
             batch = fed.sample_batch()
-            for _ in range(p.personal_steps):  # lines 7-8: theta~_i(omega_{i,r})
-                grads = fed.gradients(self.personal, batch, out=buffers.scratch("gradients", difference.shape, difference))
-                if first is None:
-                    first = grads.clone()
-                update = grads.add_(torch.sub(self.personal, copies, out=difference), alpha=p.lam)
-                self.optimizer.apply(self.personal, update)
+            gradient, update = self._personalise(copies, batch, difference, keep_gradient=first is None)
+            first = gradient if first is None else first
             # line 10 (pFedMe): the gradient of lambda/2 ||theta~ - omega||^2 in omega
             copies = copies.add_(torch.sub(copies, self.personal, out=difference), alpha=-p.lr * p.lam)
         if update is None:
@@ -298,6 +294,23 @@ class CGPFL(Algorithm):
             assignment=self.assignment.clone(),
             extras=extras,
         )
+
+    def _personalise(self, copies: Tensor, batch: Any, difference: Tensor,
+                     keep_gradient: bool) -> tuple[Tensor | None, Tensor | None]:
+        """Alg. 1 lines 7-8: ``theta~_i(omega_{i,r})``, ``personal_steps`` steps of
+        ``g_i(theta_i) + lambda (theta_i - omega_i)`` on ``batch`` from the current
+        ``theta_i`` (in place).  Returns a copy of the first step's ``g_i(theta_i)``
+        when ``keep_gradient``, and the last applied update."""
+        fed, p = self.federation, self.params
+        first: Tensor | None = None
+        update: Tensor | None = None
+        for _ in range(p.personal_steps):
+            grads = fed.gradients(self.personal, batch, out=self._round.scratch("gradients", difference.shape, difference))
+            if keep_gradient and first is None:
+                first = grads.clone()
+            update = grads.add_(torch.sub(self.personal, copies, out=difference), alpha=p.lam)
+            self.optimizer.apply(self.personal, update)
+        return first, update
 
     def client_models(self) -> Tensor:
         return self.personal

@@ -221,6 +221,61 @@ def test_cgpfl_thm1_is_vacuous_by_its_floor():
     assert all(row["mean_error"] <= cap * row["rhs"] for row in result.details["claimed_rhs"])
 
 
+
+def _cgpfl_first_rounds(solver: str):
+    """Three rounds of the CGPFL study's run with ``solver`` (quick sizes)."""
+    import math as _math
+
+    from theory_checks.scaling_cgpfl import CGPFL_BUDGETS, Quadratics, _run
+    from theory_checks.scaling_rate_problem import RATE_BUDGETS, rate_problem
+
+    sizes = CGPFL_BUDGETS[solver]["quick"]
+    problem = rate_problem(RATE_BUDGETS["quick"])
+    inputs, targets = problem.train.inputs, problem.train.targets
+    quadratics = Quadratics(inputs.transpose(1, 2) @ inputs / inputs.shape[1],
+                            (inputs.transpose(1, 2) @ targets.unsqueeze(-1)).squeeze(-1) / inputs.shape[1], sizes.lam)
+    options = {"clusters": 2, "lambda": sizes.lam, "lr": 1e-3, "personal_lr": sizes.personal_lr,
+               "local_rounds": sizes.local_rounds, "personal_steps": sizes.personal_steps, "alpha": 1.0,
+               "kmeans_restarts": sizes.kmeans_restarts}
+    states = _run(problem, quadratics, options, 3, 0, solver)
+    assert _math.isfinite(states[-1].gradient)
+    return states
+
+
+def test_cgpfl_exact_solves_leave_no_prox_inexactness():
+    """With the exact prox point as the personalised step, delta^2 (the personal
+    models' distance to theta^_i at the copy they were solved for) is rounding, while
+    CGPFL's own S stochastic steps leave it far above: the reading the exact check
+    rests on."""
+    exact, sgd = _cgpfl_first_rounds("exact"), _cgpfl_first_rounds("sgd")
+    scale = max(state.models for state in exact)
+    assert max(state.inexactness for state in exact) <= 1e-24 * scale
+    assert min(state.inexactness for state in sgd) > 1e-6 * scale
+
+
+@pytest.mark.slow  # about 15 s of CGPFL training
+def test_cgpfl_thm1_exact_decides_the_statement_and_its_mutations_fail():
+    """Exact local solves (delta = 0): the claimed exponent is the 1/T term's, CGPFL's
+    average gradient meets it, a frozen model breaks it (so the status is decided by
+    the run, not by a floor), and the same measurements fail a bound decaying as
+    T^-2 or a bound with its T^-1 term dropped (the floor-free bound is then 0)."""
+    from theory_checks.scaling_cgpfl import cgpfl_rate_study
+    from theory_checks.scaling_common import rejudged
+    from theory_checks.statements.rates import rate_result
+
+    study = cgpfl_rate_study("quick", seed=0, solver="exact")
+    assert study.claimed["T"] == -1.0
+    assert all(h.holds for h in study.hypotheses)
+    result = run_checks("quick", ["cgpfl-thm1-exact"])["cgpfl-thm1-exact"]
+    assert result.status in ("holds_with_constant", "loose")
+    assert result.negative_control is not None and result.negative_control.violated
+    horizons = np.array([row["x"] for row in study.claimed_rhs])
+    rhs = np.array([row["rhs"] for row in study.claimed_rhs])
+    faster = rejudged(study, "T", rhs * horizons[0] / horizons, -2.0)
+    assert rate_result("cgpfl-thm1-exact", faster).status == "fails"
+    dropped = rejudged(study, "T", np.zeros_like(rhs), -1.0)
+    assert rate_result("cgpfl-thm1-exact", dropped).status == "fails"
+
 # -- FedSPD, Thm 5.11 ----------------------------------------------------------------------------
 
 
