@@ -194,10 +194,8 @@ def measured_text(finals: pd.DataFrame, plan: Plan, full: BenchmarkSpec) -> str:
 def _full_runs(spec: BenchmarkSpec) -> int:
     """An upper bound on the runs of the file's full factorial (not-applicable
     combinations are only known after validating each)."""
+    from robust_pfl.worst_case.checks import checked_size
     from robust_pfl.worst_case.plan import attack_set
 
-    attacks = len(attack_set(spec))
-    per_candidate = sum(1 if f == 0 else attacks for f in spec.benchmark.fractions)
-    candidates = sum(len(d.candidates(spec.benchmark.tune)) for d in spec.defenses)
-    return len(spec.benchmark.heterogeneity) * candidates * per_candidate * len(spec.seeds)
+    return checked_size(spec, attack_set(spec)) * len(spec.seeds)
 

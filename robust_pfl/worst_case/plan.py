@@ -18,36 +18,29 @@ full factorial the allocation is measured against.
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-import attacks
-from robust_pfl.config import ConfigError, ExperimentConfig
-from robust_pfl.engine.types import BackdoorAttack
+from robust_pfl.config import ConfigError, ExperimentConfig, config_error
 from robust_pfl.grid_file import Grid, GridCell, Resources, cell_key
-from robust_pfl.worst_case.spec import ALL, BenchmarkSpec, Defense
+from robust_pfl.worst_case.checks import BACKDOOR, NO_ATTACK, ROBUST, AttackEntry, attack_entries, checked_size
+from robust_pfl.worst_case.spec import BenchmarkSpec, Defense
 
 #: The store's axis columns of a benchmark's cells.
 COLUMNS = ["method", "candidate", "heterogeneity", "fraction", "attack", "seed"]
-#: ``section`` of a cell: the clean cell, a robustness attack, a backdoor, a diagnostic
-#: run beside the factorial (:mod:`robust_pfl.worst_case.theorem`).
-CLEAN, ROBUST, BACKDOOR, DIAGNOSTIC = "clean", "attack", "backdoor", "diagnostic"
-#: The attack label of the clean cells.
-NO_ATTACK = "none"
+#: ``section`` of a cell: the clean cell, a robustness attack (:data:`ROBUST`), a
+#: backdoor (:data:`BACKDOOR`), a diagnostic run beside the factorial
+#: (:mod:`robust_pfl.worst_case.theorem`).  :data:`NO_ATTACK`: the attack label of the
+#: clean cells.
+CLEAN, DIAGNOSTIC = "clean", "diagnostic"
+#: Seconds of planning after which :func:`build_plan` reports its progress.
+PROGRESS_SECONDS = 5.0
 
 #: ``(method, candidate, heterogeneity, fraction, attack)``: one combination.
 ComboKey = tuple[str, str, str, float, str]
 #: ``(method, heterogeneity, fraction)``: one cell of the worst-case table.
 GroupKey = tuple[str, str, float]
-
-
-@dataclass(frozen=True)
-class AttackEntry:
-    """One attack of the set: its label in results, its table and its section."""
-
-    label: str
-    table: dict[str, Any]
-    section: str
 
 
 @dataclass(frozen=True)
@@ -142,38 +135,13 @@ class Plan:
 def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
     """The robustness attacks, then the backdoors, of ``spec`` (module docstring of
     :mod:`robust_pfl.worst_case.spec`), each with ``benchmark.attack_options`` of its
-    name under the options its own table sets."""
-    table = spec.benchmark
-    excluded = set(table.exclude_attacks)
-    unknown = sorted((excluded | set(table.attack_options)) - set(attacks.REGISTRY))
-    if unknown:
-        raise ConfigError(f"invalid config {spec.source}:\n  benchmark.exclude_attacks / attack_options: unknown "
-                          f"attacks {unknown}")
-    backdoor_names = sorted(n for n, cls in attacks.REGISTRY.items() if issubclass(cls, BackdoorAttack))
-    robust_names = sorted(n for n in attacks.REGISTRY if n not in backdoor_names and n != NO_ATTACK)
-    out = []
-    for section, chosen, everything in ((ROBUST, table.attacks, robust_names), (BACKDOOR, table.backdoors, backdoor_names)):
-        entries = [{"name": n} for n in everything if n not in excluded] if chosen == ALL else chosen
-        for entry in entries:
-            entry = {"name": entry} if isinstance(entry, str) else dict(entry)
-            label = entry.pop("label", None) or entry.get("name")
-            if not isinstance(label, str):
-                raise ConfigError(f"invalid config {spec.source}:\n  benchmark.{section}s: every entry needs a "
-                                  f"string name, got {entry!r}")
-            defaults = table.attack_options.get(entry.get("name"), {})
-            out.append(AttackEntry(label, {**defaults, **entry}, section))
-    labels = [entry.label for entry in out]
-    duplicated = sorted({label for label in labels if labels.count(label) > 1})
-    if duplicated:
-        raise ConfigError(f"invalid config {spec.source}:\n  benchmark.attacks: labels {duplicated} appear twice "
-                          "(give tables a 'label')")
-    for section, labels in ((ROBUST, spec.attack_labels), (BACKDOOR, spec.backdoor_labels)):
-        known = [e.label for e in out if e.section == section]
-        unknown = [label for label in labels or [] if label not in known]
-        if unknown:
-            raise ConfigError(f"invalid config {spec.source}:\n  the profile's {section}s: unknown {unknown}; "
-                              f"known: {known}")
-    return [e for e in out if (e.section == ROBUST and _kept(e, spec.attack_labels))
+    name under the options its own table sets
+    (:func:`robust_pfl.worst_case.checks.attack_entries`), as a profile narrows them."""
+    problems: list[tuple[str, str]] = []
+    entries = attack_entries(spec.benchmark, set(), lambda where, message: problems.append((where, message)))
+    if problems:  # a spec made without parse_benchmark's checks
+        raise config_error(spec.source, problems)
+    return [e for e in entries if (e.section == ROBUST and _kept(e, spec.attack_labels))
             or (e.section == BACKDOOR and _kept(e, spec.backdoor_labels))]
 
 
@@ -232,10 +200,12 @@ def check_clean_runs(spec: BenchmarkSpec, clean: AttackEntry) -> None:
         raise ConfigError("\n".join([f"invalid config {spec.source}: a run without Byzantine clients fails", *problems]))
 
 
-def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = None) -> Plan:
+def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = None,
+               say: Callable[[str], None] | None = None) -> Plan:
     """Every combination of ``spec``, validated now (:func:`robust_pfl.experiments.validate`);
     combinations that fail validation are recorded as not applicable.  ``weigh``:
-    :attr:`Plan.weigh`."""
+    :attr:`Plan.weigh`; ``say``: a line of progress every :data:`PROGRESS_SECONDS`
+    while planning lasts."""
     from robust_pfl.experiments import byzantine_count, client_count, parse_and_validate
 
     plan = Plan(spec) if weigh is None else Plan(spec, weigh=weigh)
@@ -244,6 +214,7 @@ def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = Non
     clean = AttackEntry(NO_ATTACK, {"name": NO_ATTACK}, CLEAN)
     check_clean_runs(spec, clean)
     _check_evaluations(spec)
+    progress = _Progress(checked_size(spec, entries), say)
     for level in spec.benchmark.heterogeneity:
         for fraction in spec.benchmark.fractions:
             for defense in spec.defenses:
@@ -254,6 +225,7 @@ def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = Non
                     plan.attacks[(group, candidate)] = []
                     plan.backdoors[(group, candidate)] = []
                     for entry in ([clean] if fraction == 0 else entries):
+                        progress.step()
                         key: ComboKey = (defense.display, candidate, level["label"], fraction, entry.label)
                         payload = cell_payload(spec, level, fraction, defense, method, entry.table)
                         try:
@@ -287,3 +259,19 @@ def _check_fraction_runs(plan: Plan, level: str, fraction: float) -> None:
     lines = [f"  benchmark.fractions: no combination can run at fraction {fraction:g} of level {level!r}:",
              *(f"    {reason}" for reason in reasons[:5])]
     raise ConfigError("\n".join([f"invalid config {plan.spec.source}:", *lines]))
+
+
+class _Progress:
+    """Counts the combinations checked and says how far planning is, every
+    :data:`PROGRESS_SECONDS` (silent for a plan checked faster)."""
+
+    def __init__(self, total: int, say: Callable[[str], None] | None) -> None:
+        self.total, self.say, self.done = total, say, 0
+        self.start = self.last = time.perf_counter()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        if self.say is not None and now - self.last >= PROGRESS_SECONDS:
+            self.last = now
+            self.say(f"planning: {self.done} of {self.total} combinations checked ({now - self.start:.0f} s)")

@@ -25,7 +25,7 @@ from robust_pfl.worst_case import analysis, cost, figures, report, theorem
 from robust_pfl.worst_case.allocation import Allocation, Rule, Runs, allocate
 from robust_pfl.worst_case.analysis import Judge
 from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
-from robust_pfl.config import read_toml_file
+from robust_pfl.config import ConfigError, read_toml_file
 from robust_pfl.provenance import git_dirty
 from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark
 
@@ -140,6 +140,13 @@ def write_report(result: BenchmarkResult, out: Path, page_path: Path | None = No
     import matplotlib
 
     matplotlib.use("Agg")
+    # labels are drawn as text: never handed to LaTeX, whatever the user's matplotlibrc
+    # says (figures._text escapes mathtext's "$" too)
+    with matplotlib.rc_context({"text.usetex": False}):
+        return _write_report(result, out, page_path)
+
+
+def _write_report(result: BenchmarkResult, out: Path, page_path: Path | None) -> list[Path]:
     spec = result.spec
     levels = [level["label"] for level in spec.benchmark.heterogeneity]
     fractions = spec.benchmark.fractions
@@ -219,6 +226,35 @@ def _load(source: str | Path | Mapping[str, Any], quick: bool, subset: str | Non
             parse_benchmark(data, where, base_dir))
 
 
+def check_outputs(out: Path, page: Path | None) -> None:
+    """``--out`` must be a directory or a path that can become one, ``--page`` a file
+    path whose folder is one: refused before any cell runs, not after the run.
+
+    Raises:
+        ConfigError: naming the option and the path in its way.
+    """
+    problems = []
+    if out.exists() and not out.is_dir():
+        problems.append(f"--out {out}: a file, not a directory (give a directory for the results)")
+    elif (blocked := _file_above(out)) is not None:
+        problems.append(f"--out {out}: {blocked} is a file, not a directory")
+    if page is not None:
+        if page.is_dir():
+            problems.append(f"--page {page}: a directory; give the page's file path (e.g. {page / 'benchmark.md'})")
+        elif (blocked := _file_above(page)) is not None:
+            problems.append(f"--page {page}: {blocked} is a file, not a directory")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing folder of ``path`` that is not a directory, if any."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def run_benchmark(
     source: str | Path | Mapping[str, Any], out: str | Path, *, quick: bool = False, subset: str | None = None,
     tune: bool | None = None, backend: Backend | None = None, device: str | None = None,
@@ -235,9 +271,10 @@ def run_benchmark(
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     start = time.perf_counter()
-    spec, full = _load(source, quick, subset, tune, device, data_dir)
-    plan = build_plan(spec, weigh=cost.run_seconds)
     out = Path(out)
+    check_outputs(out, None if page is None else Path(page))
+    spec, full = _load(source, quick, subset, tune, device, data_dir)
+    plan = build_plan(spec, weigh=cost.run_seconds, say=say)
     estimate = cost.estimate(plan, rule_of(spec))
     say(f"benchmark {spec.source}: {len(plan.combos)} combinations ({plan.full_factorial()} runs with every seed), "
         f"{len(plan.not_applicable)} not applicable; {estimate.text(workers)}")

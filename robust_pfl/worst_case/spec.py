@@ -43,13 +43,14 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from robust_pfl.config import ConfigError, check_nesting, config_error, read_toml_file, validation_problems
-from robust_pfl.plugins import load_plugins, with_resolved_paths
+from robust_pfl.config import ConfigError, check_nesting, config_error, read_toml_file
+from robust_pfl.plugins import with_resolved_paths
 
 #: Keys of the file the benchmark sets per cell.
 PER_CELL = ("methods", "attack", "byzantine", "seeds")
@@ -58,6 +59,22 @@ ALL = "all"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def duplicated(labels: list[Any]) -> list[Any]:
+    """The labels that appear more than once, sorted."""
+    return sorted({label for label in labels if labels.count(label) > 1}, key=str)
+
+
+def byzantine_shares(values: list[float]) -> list[float]:
+    """``values`` as the benchmark's fractions: each a Byzantine share in [0, 0.5)
+    (NaN is none), distinct, sorted; else ``ValueError`` naming them."""
+    bad = [v for v in values if not 0 <= v < 0.5]
+    if bad:
+        raise ValueError(f"each must be a Byzantine share in [0, 0.5), got {bad}")
+    if duplicated(values):
+        raise ValueError(f"must be distinct, got {values}")
+    return sorted(values)
 
 
 class Profile(_Strict):
@@ -69,12 +86,18 @@ class Profile(_Strict):
     seeds: list[int] | None = Field(None, min_length=1)
     initial_seeds: int | None = Field(None, ge=1)
     racing: bool | None = None
-    fractions: list[float] | None = Field(None, min_length=1)
-    attacks: list[str] | None = None
+    fractions: list[float] | None = Field(None, min_length=1, description="Byzantine shares of all clients, "
+                                                                          "in [0, 0.5)")
+    attacks: list[str] | None = Field(None, min_length=1)
     backdoors: list[str] | None = None
     heterogeneity: list[str] | None = Field(None, min_length=1)
     defenses: list[str] | None = Field(None, min_length=1)
     tune: bool | None = None
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions(cls, values: list[float] | None) -> list[float] | None:
+        return None if values is None else byzantine_shares(values)
 
 
 class Tolerance(_Strict):
@@ -139,12 +162,7 @@ class BenchmarkTable(_Strict):
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, values: list[float]) -> list[float]:
-        bad = [v for v in values if not 0 <= v < 0.5]
-        if bad:
-            raise ValueError(f"each must be a Byzantine share in [0, 0.5), got {bad}")
-        if len(set(values)) != len(values):
-            raise ValueError(f"must be distinct, got {values}")
-        return sorted(values)
+        return byzantine_shares(values)
 
     @field_validator("tolerance", mode="before")
     @classmethod
@@ -201,6 +219,13 @@ class Defense(BaseModel):
     def options(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
 
+    def candidate_count(self) -> int:
+        """How many candidates :meth:`candidates` gives when tuning, computed without
+        making them (a product of lists can be huge)."""
+        if isinstance(self.tune, list):
+            return len(self.tune)
+        return math.prod(len(values) for values in self.tune.values())
+
     def candidates(self, tune: bool) -> list[tuple[str, dict[str, Any]]]:
         """``(label, method table)`` of every candidate setting: the product of the
         ``tune`` lists (``tune``), else the file's values alone (label ``"as given"``);
@@ -251,36 +276,28 @@ class BenchmarkSpec(_Strict):
     @model_validator(mode="after")
     def _labels(self) -> BenchmarkSpec:
         labels = [d.display for d in self.defenses]
-        if len(set(labels)) != len(labels):
+        if duplicated(labels):
             raise ValueError(f"defenses: labels must be distinct, got {labels} (set 'label')")
         return self
 
     def narrowed(self, profile: Profile, what: str) -> BenchmarkSpec:
-        """This benchmark narrowed by ``profile`` (``what`` names it in errors)."""
+        """This benchmark narrowed by ``profile`` (``what`` names it in errors; the
+        file's profiles were checked at load, :mod:`robust_pfl.worst_case.checks`)."""
+        from robust_pfl.worst_case.checks import unknown_labels
+
         table = self.benchmark
-        problems = []
-
-        def pick(field: str, chosen: list[str] | None, known: list[str]) -> list[str] | None:
-            if chosen is None:
-                return None
-            unknown = [c for c in chosen if c not in known]
-            if unknown:
-                problems.append((f"{what}.{field}", f"unknown {unknown}; known: {known}"))
-            return chosen
-
-        defenses = self.defenses
-        names = pick("defenses", profile.defenses, [d.display for d in self.defenses])
-        if names is not None:
-            defenses = [d for d in self.defenses if d.display in names]
-        levels = table.heterogeneity
-        labels = pick("heterogeneity", profile.heterogeneity, [level["label"] for level in levels])
-        if labels is not None:
-            levels = [level for level in levels if level["label"] in labels]
+        known = {"defenses": [d.display for d in self.defenses],
+                 "heterogeneity": [level["label"] for level in table.heterogeneity]}
+        problems = [problem for field, labels in known.items()
+                    if (problem := unknown_labels(f"{what}.{field}", getattr(profile, field), labels))]
         if problems:
             raise config_error(self.source, problems)
+        defenses = [d for d in self.defenses if profile.defenses is None or d.display in profile.defenses]
+        levels = [level for level in table.heterogeneity
+                  if profile.heterogeneity is None or level["label"] in profile.heterogeneity]
         update: dict[str, Any] = {"heterogeneity": levels}
         if profile.fractions is not None:
-            update["fractions"] = BenchmarkTable.model_validate({"fractions": profile.fractions}).fractions
+            update["fractions"] = profile.fractions  # validated as the file's (Profile._fractions)
         for key in ("tune", "racing", "initial_seeds"):
             if getattr(profile, key) is not None:
                 update[key] = getattr(profile, key)
@@ -314,33 +331,20 @@ class BenchmarkSpec(_Strict):
 
 def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None,
                     quick: bool = False, subset: str | None = None, tune: bool | None = None) -> BenchmarkSpec:
-    """A benchmark file's parsed TOML as a :class:`BenchmarkSpec`, narrowed by its
-    quick profile (``quick``) or subset ``subset``; ``tune = False`` keeps the file's
-    values (``--no-tune``).
+    """A benchmark file's parsed TOML as a :class:`BenchmarkSpec`, every part checked
+    whichever profile runs (:func:`robust_pfl.worst_case.checks.check_file`), then
+    narrowed by its quick profile (``quick``) or subset ``subset``; ``tune = False``
+    keeps the file's values (``--no-tune``).
 
     Raises:
         ConfigError: ``invalid config <source>:`` and a line per bad field.
     """
+    from robust_pfl.worst_case.checks import check_file
+
     check_nesting(data, f"benchmark {source}")
-    data = with_resolved_paths(copy.deepcopy(data), base_dir)
-    load_plugins(data.get("plugins"), source)
-    problems = [(key, "set per cell by the benchmark; remove it (use [[defenses]], benchmark.fractions, "
-                      "benchmark.attacks)") for key in PER_CELL[:-1] if key in data]
-    if problems:
-        raise config_error(source, problems)
-    task = data.get("task")
-    if not isinstance(task, dict) or task.get("name") != "image":
-        raise config_error(source, [("task.name", "a benchmark measures accuracy: give an image task "
-                                                  "([task] name = \"image\")")])
-    defenses = data.pop("defenses", None)
-    table = data.pop("benchmark", None)
-    try:
-        spec = BenchmarkSpec.model_validate({"source": source, "base": data, "defenses": defenses,
-                                             "benchmark": table})
-    except ValidationError as error:
-        raise config_error(source, validation_problems(error, BenchmarkSpec)) from None
     if quick and subset is not None:
         raise ConfigError("give --quick or --subset, not both")
+    spec = check_file(with_resolved_paths(copy.deepcopy(data), base_dir), source)
     if quick:
         spec = spec.narrowed(spec.benchmark.quick, "benchmark.quick")
     elif subset is not None:
