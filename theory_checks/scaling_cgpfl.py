@@ -120,14 +120,15 @@ class CGPFLSizes:
 #: The exact reading's runs: the stationarity measure falls geometrically, so its
 #: running average follows the bound's ``1/T`` only after a few times the contraction's
 #: ``1/(1 - rho)`` (about 75 rounds at the theorem's largest ``beta``): the horizons
-#: start at 256.  Exact solves leave only k-means's seeding and the start random, and
-#: the two clusters share their data, so two k-means++ seedings and few repeats suffice
-#: (k-means is most of a round's time).
+#: start at 256.  With exact solves the clients of a cluster (who share their data and
+#: start) upload identical copies, so k-means++'s D^2 seeding never picks two points of
+#: one cluster: one seeding finds the clusters, and the start is all that differs
+#: between repeats (k-means is most of a round's time).
 CGPFL_BUDGETS: dict[Solver, dict[str, CGPFLSizes]] = {
     "sgd": {"quick": CGPFLSizes(), "full": CGPFLSizes(horizons=(16, 32, 64, 128, 256, 512, 1024), repeats=8)},
-    "exact": {"quick": CGPFLSizes(horizons=(256, 512, 1024), repeats=2, step_share=0.99, kmeans_restarts=2),
+    "exact": {"quick": CGPFLSizes(horizons=(256, 512, 1024), repeats=2, step_share=0.99, kmeans_restarts=1),
               "full": CGPFLSizes(horizons=(256, 512, 1024, 2048, 4096), repeats=4, step_share=0.99,
-                                 kmeans_restarts=2)},
+                                 kmeans_restarts=1)},
 }
 
 
