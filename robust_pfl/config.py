@@ -264,7 +264,7 @@ class ExperimentConfig(_Strict):
         unchecked = (info.context or {}).get(UNCHECKED, frozenset())
         errors = [
             InitErrorDetails(type="value_error", loc=loc, input=None, ctx={"error": ValueError(message)})
-            for reads, check in CROSS_CHECKS if not reads & unchecked for loc, message in check(self)
+            for reads, _, check in CROSS_CHECKS if not reads & unchecked for loc, message in check(self)
         ]
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
@@ -304,12 +304,50 @@ def _separation_needs_clusters(config: ExperimentConfig) -> list[CrossProblem]:
     return []
 
 
-#: The schema's checks across tables, each with the top-level keys it reads: run after
-#: every field is valid, skipped where a key it reads was refused (:data:`UNCHECKED`).
-CROSS_CHECKS: tuple[tuple[frozenset[str], Callable[[ExperimentConfig], list[CrossProblem]]], ...] = (
-    (frozenset({"byzantine", "task"}), _byzantine_clusters_exist),
-    (frozenset({"theory", "task"}), _separation_needs_clusters),
+#: The schema's checks across tables, each with the top-level keys it reads and the
+#: field it judges: run after every field is valid, skipped where a key it reads was
+#: refused (:data:`UNCHECKED`; the report then names the field, :func:`skipped_checks`).
+CROSS_CHECKS: tuple[tuple[frozenset[str], str, Callable[[ExperimentConfig], list[CrossProblem]]], ...] = (
+    (frozenset({"byzantine", "task"}), "byzantine.clusters", _byzantine_clusters_exist),
+    (frozenset({"theory", "task"}), "theory.estimate", _separation_needs_clusters),
 )
+
+def _why_unread(part: str) -> str:
+    """Why a check reading the refused ``part`` did not run: the failed plug-ins may be
+    what registers a name; a refused part was replaced by its default, which the check
+    would judge instead of the file."""
+    return "the plug-ins did not load" if part == "plugins" else f"{part} is invalid"
+
+
+#: A skipped check, ``field`` or ``field (what of it)``, -> the refused parts it reads.
+Skips = dict[str, list[str]]
+
+
+def note_skip(skips: Skips | None, check: str, parts: Iterable[str]) -> None:
+    """Record in ``skips`` that ``check`` (its field first: ``attack.name``, ``task (its
+    memory)``) was not run because ``parts`` were refused (nothing where ``skips`` is
+    None: the caller does not report them)."""
+    if skips is not None:
+        known = skips.setdefault(check, [])
+        known += [part for part in parts if part not in known]
+
+
+def skipped_checks(skips: Mapping[str, Sequence[str]], reported: Iterable[Problem]) -> list[Problem]:
+    """One line per check not run because a part it reads was refused:
+    ``attack.name not checked: the plug-ins did not load``, so that one report says
+    what the next run will check as well as what is wrong.  A field the report
+    already names, or one inside or around it (``attack`` for ``attack.name``), gets
+    no line: its own problem comes first.  The lines have no field of their own
+    (:func:`config_error` prints them as they are, after the problems)."""
+    named = {where for where, _ in reported if where}
+
+    def related(field: str, other: str) -> bool:
+        short, long = sorted((field, other), key=len)
+        return long == short or long.startswith((f"{short}.", f"{short}["))
+
+    return [("", f"{check} not checked: {'; '.join(_why_unread(part) for part in parts)}")
+            for check, parts in skips.items()
+            if parts and not any(related(check.split(" ", 1)[0], other) for other in named)]
 
 
 def field_path(loc: Sequence[str | int]) -> str:
@@ -487,6 +525,26 @@ class ConfigCheck:
         """Every stage's problems, each field named once (:func:`merged_problems`)."""
         return merged_problems(*self.stages)
 
+    def skipped(self) -> Skips:
+        """The checks across tables (:data:`CROSS_CHECKS`) not run because a part they
+        read was refused: the field each judges -> those parts.  None where no config
+        came out (then no later check ran at all)."""
+        skips: Skips = {}
+        if self.config is not None:
+            for reads, field, _ in CROSS_CHECKS:
+                if reads & self.unchecked and _given(self.config, field):
+                    note_skip(skips, field, sorted(reads & self.unchecked))
+        return skips
+
+
+def _given(config: BaseModel, field: str) -> bool:
+    """Whether the dotted ``field`` of ``config`` holds a value (a check of a field left
+    unset judges nothing, so its skipping is not worth a line)."""
+    value: Any = config
+    for part in field.split("."):
+        value = getattr(value, part, None)
+    return value not in (None, [], ())
+
 
 def check_config(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> ConfigCheck:
     """Check a plain mapping in stages, each reporting every problem it finds, so that
@@ -580,7 +638,7 @@ def parse_config(data: dict[str, Any], source: str = "<dict>", base_dir: Path | 
     checked = check_config(data, source, base_dir)
     problems = checked.problems
     if problems or checked.config is None:
-        raise config_error(source, problems)
+        raise config_error(source, problems + skipped_checks(checked.skipped(), problems))
     return checked.config
 
 

@@ -38,11 +38,14 @@ from robust_pfl.config import (
     ImageTaskConfig,
     MethodConfig,
     Problem,
+    Skips,
     SyntheticTaskConfig,
     check_config,
     config_error,
     merged_problems,
+    note_skip,
     read_config,
+    skipped_checks,
     validation_problems,
 )
 from robust_pfl.engine.datasets import DatasetError, LabelledImages, load_dataset
@@ -122,10 +125,12 @@ def parse_and_validate(data: Mapping[str, Any], source: str = "<dict>", base_dir
     per rerun.  A check reading a part an earlier stage refused is skipped (it would
     judge that part's default, not the file)."""
     checked = check_config(data, source, base_dir)
-    config, later = (None, []) if checked.config is None else _validated(checked.config, source, checked.unchecked)
+    skips = checked.skipped()
+    config, later = (None, []) if checked.config is None else _validated(checked.config, source, checked.unchecked,
+                                                                         skips)
     problems = merged_problems(*checked.stages, later)
     if problems or config is None:
-        raise config_error(source, problems)
+        raise config_error(source, problems + skipped_checks(skips, problems))
     return config
 
 
@@ -140,19 +145,29 @@ def load_and_validate(path: str | Path, device: str | None = None) -> Experiment
 Add = Callable[[str, str], None]  # records a problem: (field path, message)
 
 
-def _validated(config: ExperimentConfig, source: str | None,
-               unchecked: frozenset[str]) -> tuple[ExperimentConfig, list[Problem]]:
+def _validated(config: ExperimentConfig, source: str | None, unchecked: frozenset[str],
+               skips: Skips | None = None) -> tuple[ExperimentConfig, list[Problem]]:
     """:func:`validate`'s checks, every one run whose parts are valid: ``(config,
     problems)``.  ``unchecked`` names the parts an earlier stage refused (top-level
-    keys, ``methods[i]``, ``plugins``): checks reading them are skipped.  Only a config
-    with no problems and nothing unchecked comes back built, its device resolved."""
+    keys, ``methods[i]``, ``plugins``): checks reading them are skipped, and each
+    skipped check's field is added to ``skips`` with the parts it missed
+    (:func:`robust_pfl.config.skipped_checks` words them).  Only a config with no
+    problems and nothing unchecked comes back built, its device resolved."""
     problems: list[Problem] = []
 
     def add(where: str, message: str) -> None:
         problems.append((where, message))
 
-    def skipped(*parts: str) -> bool:
-        return any(part in unchecked or part.partition("[")[0] in unchecked for part in parts)
+    def skipped(*parts: str, judging: str | None = None) -> bool:
+        """Whether one of ``parts`` was refused; if so, the check ``judging`` (a field,
+        then what of it is checked where the field alone does not say) is recorded as
+        skipped (a guard that is not a check, or a check with nothing to judge, names
+        none)."""
+        refused = [part for part in parts if part in unchecked or part.partition("[")[0] in unchecked]
+        if refused and judging is not None:
+            note_skip(skips, judging, [part.partition("[")[0] if part not in unchecked else part
+                                       for part in refused])
+        return bool(refused)
 
     chosen, shortfalls = _checked_methods(config, source, add, skipped)
     attack = None
@@ -160,15 +175,20 @@ def _validated(config: ExperimentConfig, source: str | None,
         try:
             attack = attacks.build(config.attack.name, config.attack.options())
         except attacks.UnknownAttack as error:
-            if not skipped("plugins"):  # else the failed plug-in may be what registers it
+            if not skipped("plugins", judging="attack.name"):  # else the failed plug-in may be what registers it
                 add("attack.name", str(error))
         except ValueError as error:
             add("attack", str(error))
-    if attack is not None and not skipped("task"):
+    # each guard names a skipped check only where it would have judged something: an
+    # attack that reads the task, methods whose options passed, a synthetic task's size
+    fits = None if attack is None else (
+        "attack.name" if "data" in attack.needs else "attack (its forged losses)" if attack.forges_losses else None)
+    if attack is not None and not skipped("task", judging=fits):
         _check_attack_fits(config, attack, chosen, add)
-    if not skipped("task", "byzantine"):
+    if not skipped("task", "byzantine", judging="methods (their options against N)" if chosen else None):
         _check_client_count(config, chosen, add)
-    if not skipped("task", "byzantine", "dtype"):
+    synthetic = isinstance(config.task, SyntheticTaskConfig)
+    if not skipped("task", "byzantine", "dtype", judging="task (its memory)" if synthetic else None):
         _check_size(config, add)
     if not skipped("theory") and config.theory is not None and "momentum" in config.theory.estimate:
         silent = [f"methods[{i}] = {config.methods[i].name!r}" for i in _named_methods(config, skipped)
@@ -180,8 +200,11 @@ def _validated(config: ExperimentConfig, source: str | None,
     labels = [m.display for i, m in enumerate(config.methods) if not skipped(f"methods[{i}]")]
     if len(set(labels)) != len(labels):
         add("methods", f"labels must be unique, got {labels} (set 'label')")
-    sizes = None if skipped("task") else _model_size(config, add, placement=not skipped("seeds", "byzantine"))
-    if attack is not None and not skipped("task"):
+    sizes = None if skipped("task") else _model_size(  # an image task deals every seed's clients
+        config, add, placement=not skipped(
+            "seeds", "byzantine", judging=None if synthetic else "byzantine (its placement in each seed's deal)"))
+    backdoor = isinstance(attack, BackdoorAttack)
+    if attack is not None and not skipped("task", judging="attack (its target and trigger)" if backdoor else None):
         _check_backdoor(config, attack, add)
     device = config.device
     if not skipped("device"):
@@ -288,7 +311,7 @@ def _checked_methods(config: ExperimentConfig, source: str | None, add: Add,
         if skipped(where):
             continue
         if method.name not in defenses.REGISTRY:
-            if not skipped("plugins"):  # else the failed plug-in may be what registers it
+            if not skipped("plugins", judging=f"{where}.name"):  # else the failed plug-in may be what registers it
                 add(f"{where}.name", unknown_method(method.name))
             continue
         cls = defenses.REGISTRY[method.name]
@@ -298,7 +321,8 @@ def _checked_methods(config: ExperimentConfig, source: str | None, add: Add,
             for problem in validation_problems(error, cls.Params, (where,), list(MethodConfig.model_fields)):
                 add(*problem)
             continue
-        if cls.requires_classification and not skipped("task") and not isinstance(config.task, ImageTaskConfig):
+        if cls.requires_classification and not skipped("task", judging=f"{where}.name") and not isinstance(
+                config.task, ImageTaskConfig):
             add(f"{where}.name", f"{method.name!r} needs a classification task (task.name = 'image'), "
                 f"not {config.task.name!r}")
             continue
@@ -306,6 +330,7 @@ def _checked_methods(config: ExperimentConfig, source: str | None, add: Add,
             params, short = _with_run_budgets(config, cls, params, where, source)
             shortfalls += short
         largest = torch.finfo(DTYPES[config.dtype]).max
+        # not named when skipped: only an lr above float16's 65504 could fail it, on every method
         if not skipped("dtype") and params.lr > largest:  # the optimiser's step could not hold it
             add(f"{where}.lr", f"must be a number {config.dtype} holds (<= {largest:.3g}), got {params.lr!r}")
             continue

@@ -7,6 +7,7 @@ stage raised on its own and a config with three mistakes took three reruns."""
 from __future__ import annotations
 
 import copy
+import re
 import textwrap
 import tomllib
 from typing import Any, Callable
@@ -64,17 +65,34 @@ def with_mistakes(names: list[str]) -> dict[str, Any]:
     return data
 
 
+#: A line naming a check not run (``  attack.name not checked: <why>``), the check's
+#: field in group 1; a grid puts the cell's field before it (``  methods[0]: ...``).
+SKIPPED = re.compile(r"  (?:[\w.\[\]]+: )?([\w.\[\]]+)(?: \([^)]*\))? not checked: (.+)")
+
+
 def named_fields(error: ConfigError) -> list[str]:
-    """The field each problem line of a config error names (``  field: message``)."""
-    lines = str(error).splitlines()[1:]
+    """The field each problem line of a config error names (``  field: message``); the
+    lines naming skipped checks (:func:`skipped_fields`) are not problems."""
+    lines = [line for line in str(error).splitlines()[1:] if not SKIPPED.fullmatch(line)]
     assert all(line.startswith("  ") and ": " in line for line in lines), lines
     return [line.strip().split(": ", 1)[0] for line in lines]
+
+
+def skipped_fields(error: ConfigError) -> dict[str, str]:
+    """The field of each check a config error says was not run -> why."""
+    return {match[1]: match[2] for line in str(error).splitlines()[1:] if (match := SKIPPED.fullmatch(line))}
 
 
 def reported(data: dict[str, Any]) -> list[str]:
     with pytest.raises(ConfigError) as info:
         parse_and_validate(data)
     return named_fields(info.value)
+
+
+def skipped(data: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(ConfigError) as info:
+        parse_and_validate(data)
+    return skipped_fields(info.value)
 
 
 def test_the_base_config_is_valid():
@@ -124,6 +142,7 @@ def test_a_check_reading_a_refused_part_is_skipped_not_judging_its_default():
     data = {"task": {"name": "image", "clusters": 0}, "attack": {"name": "label_flip"},
             "methods": [{"name": "fc", "lr": -1.0}]}
     assert reported(data) == ["task.clusters", "methods[0].lr"]
+    assert skipped(data) == {"attack.name": "task is invalid"}  # and the report says so
 
 
 # -- each field once ---------------------------------------------------------------------------
@@ -148,6 +167,57 @@ def test_every_failing_plugin_is_named_with_the_schema_s_problems():
     data = {"plugins": ["no_such_module_a", 7, "no_such_module_b"], "rounds": 0, "attack": {"name": "theirs"},
             "methods": [{"name": "theirs_too"}, {"name": "fc", "lr": -1.0}]}
     assert reported(data) == ["plugins[0]", "plugins[1]", "plugins[2]", "rounds", "methods[1].lr"]
+    assert skipped(data) == {"methods[0].name": "the plug-ins did not load", "attack.name": "the plug-ins did not load"}
+
+
+# -- skipped checks are named (issue 55) --------------------------------------------------------
+def test_a_misspelt_plugin_an_unknown_attack_and_a_bad_field_are_one_report(tmp_path):
+    """The acceptance case: the plug-in error and the independent mistake are reported,
+    and the attack's name, which the plug-in might have registered, is named as not
+    checked; once the path is right (a plug-in registering nothing) the same report
+    names the unknown attack, so the first one said what the next run would check."""
+    (tmp_path / "my_attack.py").write_text("# registers nothing\n")
+    data = {"plugins": ["my_atack.py"], "attack": {"name": "bitflip"}, "rounds": 0, "methods": [{"name": "fc"}]}
+    with pytest.raises(ConfigError) as info:
+        parse_and_validate(data, base_dir=tmp_path)
+    assert named_fields(info.value) == ["plugins[0]", "rounds"]
+    assert skipped_fields(info.value) == {"attack.name": "the plug-ins did not load"}
+    assert "my_atack.py" in str(info.value)
+    data["plugins"] = ["my_attack.py"]
+    with pytest.raises(ConfigError) as info:
+        parse_and_validate(data, base_dir=tmp_path)
+    assert named_fields(info.value) == ["rounds", "attack.name"] and skipped_fields(info.value) == {}
+    assert "bitflip" in str(info.value)
+
+
+def test_a_known_attack_is_still_checked_when_a_plugin_fails():
+    """A name the registry knows does not depend on the plug-ins: its options are
+    judged, and nothing is called skipped."""
+    data = {"plugins": ["no_such_module"], "attack": {"name": "large_gradient", "std": -1.0},
+            "methods": [{"name": "fc"}]}
+    assert reported(data) == ["plugins[0]", "attack"]
+    assert skipped(data) == {}
+
+
+def test_a_skipped_check_of_a_field_already_reported_or_unset_is_not_named():
+    """The attack table itself refused (no line for its name: its own problem comes
+    first); Byzantine clusters and [theory] left unset (their checks across the task
+    judge nothing)."""
+    data = {"plugins": ["no_such_module"], "attack": {"name": 5}, "task": {"clusters": 0},
+            "methods": [{"name": "fc", "lr": -1.0}]}
+    assert reported(data) == ["plugins[0]", "task.clusters", "attack.name", "methods[0].lr"]
+    assert not {"attack.name", "byzantine.clusters", "theory.estimate"} & set(skipped(data))
+
+
+def test_a_check_across_tables_skipped_for_a_refused_task_is_named():
+    """``byzantine.clusters`` is compared with ``task.clusters``; with the task refused
+    the comparison does not run, and the report says so."""
+    data = {"task": {"clusters": 2, "clients_per_cluster": 3, "dim": 0},
+            "byzantine": {"total": 1, "clusters": [5]}, "methods": [{"name": "fc"}]}
+    assert reported(data) == ["task.dim"]
+    assert skipped(data)["byzantine.clusters"] == "task is invalid"
+    data["task"]["dim"] = 2  # the task fixed: the comparison runs and finds the mistake
+    assert reported(data) == ["byzantine.clusters"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -188,6 +258,7 @@ def test_the_command_line_exits_2_and_prints_all_three(tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: invalid config {path}:\n")
+    assert skipped_fields(ConfigError(err.rstrip("\n"))) == {}  # none: each mistake is its own part's
     assert named_fields(ConfigError(err.removeprefix("error: ").rstrip("\n"))) == ["rounds", "methods[0].lr", "attack"]
     assert not (tmp_path / "out").exists()
 
