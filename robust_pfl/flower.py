@@ -190,6 +190,33 @@ def attack_on_node(attack: Any, method: str | None = None) -> bool:
     return not frozenset(attack.needs) and (method is None or method in node_attack_methods())
 
 
+def attack_site(attack: Any, method: str) -> str:
+    """Where a run of ``method`` applies ``attack``: ``"nodes"`` (the Byzantine
+    ``ClientApp`` nodes, :func:`attack_on_node`), ``"strategy"`` (through
+    :meth:`Federation.deliver` before aggregation) or ``"none"`` (no attack)."""
+    if attack is None:
+        return "none"
+    return "nodes" if attack_on_node(attack, method) else "strategy"
+
+
+def attack_report(runs: list[dict[str, Any]]) -> list[str]:
+    """The lines ``robust-pfl flower`` prints for the ``attack_runs`` of its summary:
+    per run, where its attack ran and, on the nodes, how many node replies carried the
+    attack's rows (counted from the nodes' own word, so an attack whose rows look like
+    a silent node's, NaN or zero, still counts as applied)."""
+    lines = []
+    for entry in runs:
+        if entry["ran_on"] == "nodes":
+            lines.append(f"  {entry['run']}: attack {entry['attack']!r} ran on the Byzantine nodes; "
+                         f"{entry['node_replies_with_attack']} of their {entry['byzantine_node_replies']} replies "
+                         "carried its rows")
+        elif entry["ran_on"] == "strategy":
+            lines.append(f"  {entry['run']}: attack {entry['attack']!r} ran in the strategy, before aggregation")
+        else:
+            lines.append(f"  {entry['run']}: no attack")
+    return lines
+
+
 # -- the server's view of the clients ----------------------------------------------------
 #: ``(kind, requests) -> replies``: each request ``(client, models [M, d], sample
 #: indices [b])``, each reply ``[M, d]`` (kind ``"gradient"``) or ``[M]`` (``"loss"``).
@@ -365,6 +392,12 @@ class RobustStrategy:
         attack = built(config).attack
         #: whether Byzantine nodes attack their replies themselves (not a data attack)
         self.nodes_attack = attack_on_node(attack, method.name) and attack.poison is None
+        #: where the attack runs (:func:`attack_site`)
+        self.attack_site = attack_site(attack, method.name)
+        #: replies received from Byzantine nodes, and those of them that carried the
+        #: attack's rows by the node's own word (its reply's ``attacked`` flag)
+        self.byzantine_replies = 0
+        self.attacked_replies = 0
         self.algorithm = defenses.build(method.name, self.federation, params=method_params(config, method))
         self.algorithm.snapshot_records = False
         self.grid: Grid | None = None
@@ -427,6 +460,7 @@ class RobustStrategy:
             value = torch.from_numpy(array.copy())
             if tuple(value.shape) == shapes[row] and value.is_floating_point():
                 out[row] = value
+                self._count_attack(requests[row][0], reply)
             else:
                 reasons[row] = f"a reply of shape {tuple(value.shape)} and dtype {value.dtype}, expected {shapes[row]}"
         for row in range(len(requests)):
@@ -447,6 +481,27 @@ class RobustStrategy:
 
     def summary(self) -> None:
         """Nothing to log beyond the run's own progress."""
+
+    def _count_attack(self, client: int, reply: Message) -> None:
+        """Count a valid reply of ``client``'s node towards :attr:`byzantine_replies`
+        and, when the node says its attack made it, :attr:`attacked_replies` (the rows
+        alone cannot tell: an attack may send what a silent node's NaN row holds)."""
+        if not bool(self.federation.byzantine[client]):
+            return
+        self.byzantine_replies += 1
+        try:
+            self.attacked_replies += bool(reply.content["config"]["attacked"])
+        except (KeyError, TypeError):  # a reply without the flag: not the attack's by its word
+            pass
+
+    def attack_entry(self, run: str) -> dict[str, Any]:
+        """This strategy's ``attack_runs`` entry of summary.json for the run named ``run``."""
+        attack = self.config.attack.name
+        entry: dict[str, Any] = {"run": run, "attack": attack, "ran_on": self.attack_site}
+        if self.attack_site == "nodes":
+            entry |= {"node_replies_with_attack": self.attacked_replies,
+                      "byzantine_node_replies": self.byzantine_replies}
+        return entry
 
     def _failed(self, client: int, round_index: int, message: str) -> None:
         """Count a failed request of ``client``'s node; warn at its first."""
@@ -593,23 +648,31 @@ def node_state(config: ExperimentConfig, key: str, seed: int, client: int) -> No
     return state
 
 
+def carries_attack(state: NodeState, kind: str, attack: bool = True) -> bool:
+    """Whether the node's reply to a ``kind`` request is its attack's: every reply of a
+    node whose labels its data attack poisoned, and the gradients of a node whose
+    attack acts on its vector, when ``attack`` (the strategy's request) says so."""
+    if state.attack is None:
+        return False
+    return state.attack.poison is not None or (kind == "gradient" and attack)
+
+
 def answer(state: NodeState, kind: str, models: Tensor, index: Tensor, round_index: int, attack: bool = True
            ) -> Tensor:
     """A node's reply: its gradient (``[M, d]``) or loss (``[M]``) at each of
-    ``models`` on its samples ``index``, after its own attack when it has one and
-    ``attack`` (the strategy's request) says so."""
+    ``models`` on its samples ``index``, after its own attack when
+    :func:`carries_attack` says it applies."""
     batch = Batch(state.inputs[index].unsqueeze(0), state.targets[index].unsqueeze(0))
     models = models.to(state.inputs.dtype)
     if kind == "loss":
         return state.objective.cross_losses(models, batch)[:, 0]
     grads = state.objective.cross_gradients(models, batch)  # [M, 1, d]
-    attack = state.attack if attack else None
-    if attack is None or attack.poison is not None:
-        return grads[:, 0]
+    if not carries_attack(state, kind, attack) or state.attack.poison is not None:
+        return grads[:, 0]  # honest, or of the poisoned labels already
     context = AttackContext(round_index=round_index, kind="gradient", byzantine=torch.ones(1, dtype=torch.bool),
                             cluster_ids=torch.tensor([state.cluster]), generator=state.generator,
                             receivers=None, senders=None, defense_state={})
-    return attack(grads, context)[:, 0].to(grads.dtype)
+    return state.attack(grads, context)[:, 0].to(grads.dtype)
 
 
 def make_client_app(config: ExperimentConfig) -> Any:
@@ -641,9 +704,13 @@ def make_client_app(config: ExperimentConfig) -> Any:
         state = node_state(node_run, config_json, int(settings["seed"]), client)
         models = torch.from_numpy(message.content["models"]["x"].numpy().copy())
         index = torch.tensor(list(settings["index"]), dtype=torch.long)
-        reply = answer(state, str(settings["kind"]), models, index, int(settings["round"]), bool(settings["attack"]))
+        kind, attack = str(settings["kind"]), bool(settings["attack"])
+        reply = answer(state, kind, models, index, int(settings["round"]), attack)
+        # the node's word that its attack made this reply: the server cannot tell from
+        # the rows (an attack may send NaN, as a silent node's row is)
         content = RecordDict({"reply": Arrays({"y": _array(reply)}),
-                              "config": Configs({"row": int(settings["row"])})})
+                              "config": Configs({"row": int(settings["row"]),
+                                                 "attacked": carries_attack(state, kind, attack)})})
         return Msg(content, reply_to=message)
 
     return app
@@ -656,7 +723,10 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
     and written as ``robust-pfl run`` writes (:func:`robust_pfl.engine.results.write_results`:
     ``summary.json`` and ``history.csv``), plus ``flower`` (the options and traffic)
     and ``node_failures`` in the summary: one entry per run and node that failed a
-    request (:class:`NodeFailures` with the run's name), empty when none did.  Raises
+    request (:class:`NodeFailures` with the run's name), empty when none did; and
+    ``attack_runs``: per run, its attack and where it ran (:func:`attack_site`), with,
+    on the nodes, the Byzantine nodes' replies and those that carried the attack's
+    rows (:meth:`RobustStrategy.attack_entry`; printed by :func:`attack_report`).  Raises
     :class:`NodeError` when nodes cannot start the run."""
     require_flwr()
     from flwr.serverapp import ServerApp
@@ -670,6 +740,7 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
     models: dict[tuple[str, int], Tensor] = {}
     traffic: dict[str, dict[str, int]] = {}
     failures: list[dict[str, Any]] = []
+    attack_runs: list[dict[str, Any]] = []
     failure: list[BaseException] = []
     server_app = ServerApp()
 
@@ -693,6 +764,7 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
                     name = f"{method.display} seed={seed}"
                     traffic[name] = {"bytes_to_nodes": strategy.bytes_sent, "bytes_from_nodes": strategy.bytes_received}
                     failures.extend({"run": name, **asdict(lost)} for _, lost in sorted(strategy.failures.items()))
+                    attack_runs.append(strategy.attack_entry(name))
         except BaseException as error:  # surfaced after the simulation returns
             failure.append(error)
             raise
@@ -712,7 +784,7 @@ def run_flower(run: FlowerRun, out_dir: Path | None = None, verbose: bool = Fals
         raise RuntimeError("the Flower simulation ended before every method and seed ran (see its log)")
     seconds = time.perf_counter() - start
     extra = {"config": config.model_dump(mode="json"), "flower": run.options.model_dump(mode="json") | {
-             "traffic": traffic}, "node_failures": failures,
+             "traffic": traffic}, "node_failures": failures, "attack_runs": attack_runs,
              "provenance": provenance(config.device, torch.get_num_threads(), seconds)}
     summary = write_results(table, Path(out_dir), extra) if out_dir is not None else {"final": table.final(), **extra}
     summary["models"] = models  # not written: for callers (the equivalence test)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import sys
 import textwrap
 from pathlib import Path
@@ -337,6 +338,63 @@ def test_a_byzantine_node_failure_alone_is_reported_as_an_attack_not_applied() -
     assert "client 9 (Byzantine" in report and "did not apply the config's attack" in report
     assert "honest nodes failed" not in report
     assert failure_report([], "large_gradient") == []
+
+
+@pytest.mark.parametrize("value", [math.nan, pytest.param(0.0, marks=pytest.mark.slow)], ids=["nan", "zero"])
+def test_a_node_attack_whose_rows_equal_silence_is_recorded_as_applied(tmp_path: Path, value: float) -> None:
+    """``constant`` runs on the Byzantine nodes of Global + median (its ``needs`` are
+    empty) and in the strategy of IFCA (not a node-attack method).  With NaN, the row a
+    silent node's failed request becomes, or zeros, its rows cannot be told from
+    silence, yet summary.json records, per run, where it ran and that every Byzantine
+    node reply carried it: 2 rounds x 2 Byzantine nodes x Global's one gradient
+    request a round.  No node failed: the NaN rows are the attack's, not failures."""
+    pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
+    from robust_pfl.flower import load_flower_config, run_flower
+
+    data = copy.deepcopy(SMALL) | {"rounds": 2, "eval_every": 2, "attack": {"name": "constant", "value": value}}
+    data["methods"] = [data["methods"][0], {"name": "ifca", "lr": 0.1}]
+    summary = run_flower(load_flower_config(copy.deepcopy(data)), tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["node_failures"] == []
+    runs = {entry["run"]: entry for entry in written["attack_runs"]}
+    assert runs["global+median seed=0"] == {
+        "run": "global+median seed=0", "attack": "constant", "ran_on": "nodes",
+        "node_replies_with_attack": 2 * 2, "byzantine_node_replies": 2 * 2}
+    assert runs["ifca seed=0"] == {"run": "ifca seed=0", "attack": "constant", "ran_on": "strategy"}
+    assert summary["attack_runs"] == written["attack_runs"]
+
+
+def test_the_attack_report_says_where_each_run_s_attack_ran() -> None:
+    """The printed lines: on the nodes with the count of replies that carried it, in
+    the strategy, or no attack."""
+    from robust_pfl.flower import attack_report
+
+    lines = attack_report([
+        {"run": "global seed=0", "attack": "constant", "ran_on": "nodes", "node_replies_with_attack": 3,
+         "byzantine_node_replies": 4},
+        {"run": "ifca seed=0", "attack": "alie", "ran_on": "strategy"},
+        {"run": "fc seed=0", "attack": "none", "ran_on": "none"},
+    ])
+    assert lines == ["  global seed=0: attack 'constant' ran on the Byzantine nodes; 3 of their 4 replies carried "
+                     "its rows",
+                     "  ifca seed=0: attack 'alie' ran in the strategy, before aggregation",
+                     "  fc seed=0: no attack"]
+
+
+def test_which_replies_carry_a_node_s_attack() -> None:
+    """A node's reply is its attack's: every reply of a label-poisoning node, gradients
+    of a vector attack when the strategy asks for it, never an honest node's."""
+    import attacks
+    from robust_pfl.flower import NodeState, carries_attack
+
+    def node(attack: Any) -> NodeState:
+        return NodeState(0, torch.zeros(1, 2), torch.zeros(1), None, attack, None, 0)
+
+    vector, labels = attacks.build("constant", {}), attacks.build("label_flip", {})
+    assert [carries_attack(node(vector), kind, asked) for kind, asked in
+            [("gradient", True), ("gradient", False), ("loss", True)]] == [True, False, False]
+    assert carries_attack(node(labels), "loss", False) and carries_attack(node(labels), "gradient", False)
+    assert not carries_attack(node(None), "gradient", True)
 
 
 def test_run_takes_the_flower_quickstart_file_without_flwr(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
