@@ -3,10 +3,13 @@ that produced them.
 
 Every results page opens with its provenance line (:mod:`robust_pfl.pages`): the
 command, commit and CPU.  A page written by ``--page`` is rerun from that line into a
-temporary directory and compared with what it states: exactly on the CPU it names
-(same torch build: bit-identical runs), and within :data:`OTHER_CPU_POINTS` points
-elsewhere, where another CPU model's float sums may differ in the last bits.  The
-README's quick-start table is rerun the same way.
+temporary directory and compared with what it states.  The page was written on another
+machine, so its numbers are never compared bit for bit: on a CPU of the model it names,
+each printed number may differ by one unit in its last digit (a VM's model name, "AMD
+EPYC", covers several generations whose vector kernels may round a float sum the other
+way and so move a number across a rounding boundary), the text around them not at all;
+elsewhere by :data:`OTHER_CPU_POINTS` points, where another CPU model's last bits may
+grow over many rounds.  The README's quick-start table is rerun the same way.
 """
 
 from __future__ import annotations
@@ -95,6 +98,33 @@ def comparable(text: str) -> str:
     return "\n".join(kept)
 
 
+def last_digit_unit(number: str) -> float:
+    """One unit in the last printed digit of ``number``: 0.001 for ``1.234``, 1 for
+    ``14``, 1e-6 for ``1.5e-05``."""
+    mantissa, _, exponent = number.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
+
+
+def assert_same_but_rounding(stated: str, fresh: str) -> None:
+    """``fresh`` is ``stated`` but for numbers one unit in their last printed digit
+    apart (the rerun on a CPU of the model the page names)."""
+    assert NUMBER.sub("#", stated) == NUMBER.sub("#", fresh), "the rerun's page differs beyond its numbers"
+    for a, b in zip(NUMBER.findall(stated), NUMBER.findall(fresh)):
+        # 1e-9: the unit itself, computed in binary, must pass
+        assert abs(float(a) - float(b)) <= last_digit_unit(a) * (1 + 1e-9), f"stated {a}, rerun {b}"
+
+
+def test_the_same_cpu_comparison_allows_one_unit_in_the_last_digit_only():
+    """A rounding that went the other way passes; two units, a changed word or a
+    changed integer do not."""
+    assert_same_but_rounding("| 0.5 | 1.48 | 14 | 1.5e-05 |", "| 0.5 | 1.49 | 15 | 1.6e-05 |")
+    for fresh in ("| 0.5 | 1.50 | 14 | 1.5e-05 |", "| 0.5 | 1.48 | 16 | 1.5e-05 |", "| 0.5 | 1.48 | 14 | 1.7e-05 |",
+                  "| 0.5 | 1.48 | 14 | 1.5e-05 | x"):
+        with pytest.raises(AssertionError):
+            assert_same_but_rounding("| 0.5 | 1.48 | 14 | 1.5e-05 |", fresh)
+
+
 def assert_numbers_close(stated: str, fresh: str, tolerance: float) -> None:
     ours, theirs = NUMBER.findall(stated), NUMBER.findall(fresh)
     assert len(ours) == len(theirs), "the rerun's page has another shape"
@@ -110,7 +140,7 @@ def check_rerun(page: Path, tmp_path: Path) -> None:
     assert main(rerun_command(line, tmp_path / "out", fresh_page)) == 0
     stated, fresh = comparable(text), comparable(fresh_page.read_text(encoding="utf-8"))
     if on_named_cpu(line):
-        assert fresh == stated
+        assert_same_but_rounding(stated, fresh)
     else:
         assert_numbers_close(stated, fresh, OTHER_CPU_POINTS)
 
@@ -178,7 +208,10 @@ def test_readme_quickstart_table_reproduces(tmp_path: Path, threads: int):
     final = json.loads((out / "summary.json").read_text())["final"]
     for method, value in stated.items():
         fresh = 100 * final[method]["test_accuracy"]["mean"]
-        tolerance = 0.05 if on_named_cpu(intro) else OTHER_CPU_POINTS
+        # 0.1: one unit in the printed digit (within 0.05 of the stated value the fresh
+        # one would round to it; another machine of the same model name may round the
+        # last bits of a sum the other way); OTHER_CPU_POINTS on another model
+        tolerance = 0.1 if on_named_cpu(intro) else OTHER_CPU_POINTS
         assert abs(fresh - value) <= tolerance, f"{method}: README {value}%, rerun {fresh:.2f}%"
 
 
