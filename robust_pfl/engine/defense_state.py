@@ -36,7 +36,7 @@ A radius policy is ``policy(dist[P, K, Q], l) -> tau[P, K]`` (:data:`POLICY_SIGN
 
 At iteration ``l``, ``dist[p, k, q]`` is the distance of centre ``k`` (as it stands
 before that iteration's move; ``l = 0``: the starting centre) to point ``q``, ``inf``
-for a non-finite (inadmissible) point; every delivered row counts, the Byzantine
+for an inadmissible point (non-finite, or its squared norm overflows); every delivered row counts, the Byzantine
 rows as the attack returned them.  With the ``gram`` and ``pairwise`` evaluations the
 policy is also handed lower and upper bounds of the distances (to find the points
 whose exact distance decides a membership), and distances whose membership is
@@ -193,7 +193,8 @@ FC = PublishedState("fc", (
              "each receiver's starting centre: its own gradient g_r(x_r), the ball's centre"),
         _policy("P receivers of this delivery's chunk (on an accelerator, the receivers of every group of one "
                 "size gathered), K = 1; receiver r's Q = S points are block r as delivered (its subgroup's rows, "
-                "the Byzantine rows the attack returned for r); l = 0 measures from centres[r, 0]"),
+                "the Byzantine rows the attack returned for r); l = 0 measures from centres[r, 0]; with "
+                "record_balls once more at l = M - 1 on the final centres"),
         _key("assignment", "tensor", ("R", "N"),
              "last round's balls: assignment[r, j] = 0 when client j's row (Byzantine or honest) was inside "
              "receiver receivers[r]'s ball, its one centre, at the last iteration of last round's clustering; -1 "
