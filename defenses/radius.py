@@ -1,9 +1,13 @@
 """Radius policies for Threshold-Clustering (Werner et al., Alg. 3 step 3).
 
 A policy maps the distances of every point to the current centre, ``dist[B, K, N]``
-(``inf`` for inadmissible points), to one radius per centre, ``tau[B, K]``.  Policies
-are frozen dataclasses (:func:`robust_pfl.engine.validation.options`, like attacks and
-aggregators): validated at construction, pure, and batched.  A bad option raises
+(``B`` problems clustered apart, ``K`` centres each, ``N`` points each; ``inf`` for
+inadmissible points), to one radius per centre, ``tau[B, K]``, at each round of
+Threshold-Clustering (its iteration ``0 .. M - 1``, not the training round; the
+defense-state reference, :mod:`robust_pfl.engine.defense_state`, writes it
+``policy(dist[P, K, Q], l)``).  Policies are frozen dataclasses
+(:func:`robust_pfl.engine.validation.options`, like attacks and aggregators):
+validated at construction, pure, and batched.  A bad option raises
 ``ValueError`` naming ``radius.<field>``, what it accepts and what was given.
 :func:`make_radius` turns a config's spec (a number or ``{policy = ..., ...}``) into
 a policy once, when an algorithm's parameters are validated; everything after uses
@@ -31,7 +35,8 @@ from robust_pfl.engine.validation import options
 
 @runtime_checkable
 class RadiusPolicy(Protocol):
-    """``radius(dist[B, K, N], round) -> tau[B, K]``; ``strict`` selects ``<`` over ``<=``;
+    """``radius(dist[B, K, N], round) -> tau[B, K]``, ``round`` Threshold-Clustering's
+    iteration (0-based; not the training round); ``strict`` selects ``<`` over ``<=``;
     ``undecided(lower, upper) -> [B, K, N]`` the points whose exact distance the
     policy needs (see the module docstring), or ``None`` for a policy that cannot tell
     (every point is read)."""
