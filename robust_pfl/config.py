@@ -312,6 +312,7 @@ CROSS_CHECKS: tuple[tuple[frozenset[str], str, Callable[[ExperimentConfig], list
     (frozenset({"theory", "task"}), "theory.estimate", _separation_needs_clusters),
 )
 
+
 def _why_unread(part: str) -> str:
     """Why a check reading the refused ``part`` did not run: the failed plug-ins may be
     what registers a name; a refused part was replaced by its default, which the check
@@ -527,8 +528,8 @@ class ConfigCheck:
 
     def skipped(self) -> Skips:
         """The checks across tables (:data:`CROSS_CHECKS`) not run because a part they
-        read was refused: the field each judges -> those parts.  None where no config
-        came out (then no later check ran at all)."""
+        read was refused: the field each judges -> those parts.  Empty where no config
+        came out (then no later check ran at all, and the problems say why)."""
         skips: Skips = {}
         if self.config is not None:
             for reads, field, _ in CROSS_CHECKS:

@@ -71,13 +71,13 @@ import torch
 from torch import Tensor
 
 import defenses
-from robust_pfl.config import ExperimentConfig, FlowerOptions, ImageTaskConfig, config_error, parse_config, read_toml_file
+from robust_pfl.config import ExperimentConfig, FlowerOptions, ImageTaskConfig, config_error, read_toml_file
 from robust_pfl.engine.data import Batch, ClientData
 from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.seeding import generator as make_generator
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import AttackContext, BackdoorAttack
-from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, parse_and_validate, validate
+from robust_pfl.experiments import build_task, built, client_count, honest_means, method_params, parse_and_validate
 from robust_pfl.plugins import PluginSource, install_sources, shipped_sources
 
 if TYPE_CHECKING:  # flwr is imported lazily: the package works without it
@@ -146,7 +146,8 @@ def load_flower_config(data: Mapping[str, Any] | str | Path, source: str | None 
                              f"got {name!r}"))
     if problems:
         raise config_error(source, problems)
-    config = validate(parse_config(dict(data), source, base_dir=base_dir), source)
+    # one report for every stage, naming the checks a failed stage skipped (docs/config.md)
+    config = parse_and_validate(dict(data), source, base_dir=base_dir)
     options = config.flower or FlowerOptions()
     clients = client_count(config)
     byzantine = _byzantine_count(config)
