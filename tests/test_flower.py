@@ -84,6 +84,19 @@ def test_bad_flower_config_fails_at_load_naming_the_field(change: Any, field: st
     assert f"{field}:" in str(caught.value)
 
 
+def test_a_flower_config_names_the_attack_check_a_failed_plugin_skipped() -> None:
+    """``robust-pfl flower`` loads a config as ``run`` does: one report with the plug-in
+    that did not import, the other mistake, and the attack name left unchecked."""
+    from robust_pfl.flower import load_flower_config
+
+    data = copy.deepcopy(SMALL) | {"plugins": ["no_such_plugin_module"], "rounds": 0, "attack": {"name": "bitflip"}}
+    with pytest.raises(ConfigError) as caught:
+        load_flower_config(data)
+    lines = str(caught.value).splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["plugins[0]", "rounds", "attack.name not checked"]
+    assert lines[-1].endswith("the plug-ins did not load")
+
+
 def test_what_flower_wraps_is_read_from_the_algorithms_declarations() -> None:
     """``supported_methods`` / ``node_attack_methods`` are the registered algorithms
     declaring ``Algorithm.flower`` / ``flower_node_attacks`` (the 14 and 7 methods the
