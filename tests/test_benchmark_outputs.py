@@ -202,3 +202,26 @@ def test_runs_are_read_from_finals_with_their_seeds():
     assert runs.seeds_of(key("D", "x", 0.2, "a"), SEEDS) == [3]
     assert runs.values(key("D", "x", 0.2, "a"), [3], "test") == [0.4]
     assert isinstance(Plan, type)
+
+
+def test_results_read_labels_back_as_written(judged, tmp_path):
+    """``robust-pfl results OUT`` on a defense labelled "NA" and a level labelled "1"
+    (which pandas would read as missing and as a number): the same table as rendered
+    from the frame the benchmark wrote."""
+    import json
+
+    from robust_pfl.worst_case.plan import COLUMNS
+    from robust_pfl.worst_case.results import worst_case_text
+    from robust_pfl.worst_case.runner import RECORD
+
+    worst, _, _, j = judged
+    worst = worst.replace({"method": {"D": "NA"}, "heterogeneity": {LEVEL: "1"}})
+    skipped = pd.DataFrame(columns=[*COLUMNS[:-1], "section", "reason"])
+    worst.to_csv(tmp_path / "worst_case.csv", index=False)
+    skipped.to_csv(tmp_path / "not_applicable.csv", index=False)
+    defenses = ["NA", "E", "Local"]
+    (tmp_path / RECORD).write_text(json.dumps({"fractions": [0.0, 0.2], "heterogeneity": ["1"], "defenses": defenses}))
+    text = worst_case_text(tmp_path)
+    assert text == report.render_worst_case(worst, [0.0, 0.2], ["1"], defenses, skipped, None, "md")
+    row = next(line for line in text.splitlines() if line.startswith("| NA"))
+    assert "–" not in row and "50.0" in row  # D's clean accuracy, read back under its label

@@ -79,8 +79,13 @@ def test_worst_cluster_mean_by_hand():
 
 
 # -- end to end -----------------------------------------------------------------------------
-def test_a_tiny_benchmark_runs_and_writes_its_tables(tmp_path, capsys):
-    path = tiny(tmp_path)
+def test_a_tiny_benchmark_runs_and_writes_its_tables(tmp_path, capsys, monkeypatch):
+    import matplotlib
+
+    # a level label with TeX in it, and a matplotlibrc asking for LaTeX: the labels are
+    # still drawn as text (no LaTeX run, no mathtext parse) and the figures written
+    monkeypatch.setitem(matplotlib.rcParams, "text.usetex", True)
+    path = tiny(tmp_path, TINY.replace('label = "K2"', "label = 'K2 $\\frac{1}$'"))
     out = tmp_path / "out"
     assert main(["benchmark", str(path), "--out", str(out), "--page", str(tmp_path / "page" / "b.md")]) == 0
     table = pd.read_csv(out / "worst_case.csv")
@@ -174,6 +179,57 @@ def test_a_killed_benchmark_resumes_without_recomputing_a_finished_cell(tmp_path
     assert (per_cell == 1).all() and len(per_cell) == len(result.plan.cells)
     again = run_benchmark(path, tmp_path / "fresh", say=lambda line: None, progress=False)
     assert again.table.drop(columns=[]).equals(result.table)  # the same runs and verdicts as without the kill
+
+
+def test_a_run_whose_every_cell_errored_exits_1_listing_the_errors(tmp_path, capsys, monkeypatch):
+    import robust_pfl.experiments as experiments
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("no cell runs here")
+
+    monkeypatch.setattr(experiments, "run_cell_config", fails)
+    text = TINY.replace("seeds = [0, 1, 2]", "seeds = [0, 1]").replace('attacks = ["alie", "bit_flip"]',
+                                                                       'attacks = ["alie"]')
+    assert main(["benchmark", str(tiny(tmp_path, text)), "--out", str(tmp_path / "out")]) == 1
+    printed = capsys.readouterr().out
+    errors = [line for line in printed.splitlines() if line.startswith("  error in cell ")]
+    # the first stage makes each defense's reference, clean and under alie, with the two
+    # initial seeds; with none finished nothing more is asked: every run made errored
+    assert len(errors) == 2 * 2 * 2 and all(line.endswith("RuntimeError: no cell runs here") for line in errors)
+    assert f"{len(errors)} ran, 0 skipped (finished before), {len(errors)} errored" in printed
+
+
+@pytest.mark.parametrize("where", ["out is a file", "page is a directory", "page under a file", "out under a file"])
+def test_out_and_page_are_checked_before_any_cell_runs(tmp_path, capsys, where):
+    path = tiny(tmp_path)
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "folder").mkdir()
+    out, page = tmp_path / "out", []
+    if where == "out is a file":
+        out = tmp_path / "file"
+    elif where == "out under a file":
+        out = tmp_path / "file" / "out"
+    elif where == "page is a directory":
+        page = ["--page", str(tmp_path / "folder")]
+    else:
+        page = ["--page", str(tmp_path / "file" / "b.md")]
+    assert main(["benchmark", str(path), "--out", str(out), *page]) == 2
+    err = capsys.readouterr().err
+    option = "--page" if "page" in where else "--out"
+    assert f"error: {option} " in err and ("is a file, not a directory" in err or "a directory; give" in err
+                                         or "a file, not a directory" in err), err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "file" / "out").exists()  # nothing ran
+
+
+def test_planning_says_how_far_it_is_when_it_takes_long(tmp_path, monkeypatch):
+    import robust_pfl.worst_case.plan as plan_module
+
+    monkeypatch.setattr(plan_module, "PROGRESS_SECONDS", 0.0)  # every combination "takes long"
+    lines = []
+    plan = build_plan(load_benchmark(tiny(tmp_path)), say=lines.append)
+    total = len(plan.combos) + len(plan.not_applicable)
+    assert lines[-1].startswith(f"planning: {total} of {total} combinations checked")
+    assert [int(line.split()[1]) for line in lines] == list(range(1, total + 1))
 
 
 # -- the file's errors ----------------------------------------------------------------------

@@ -66,6 +66,7 @@ class AttackEntry:
     label: str
     table: dict[str, Any]
     section: str
+    where: str = ""  # the field that wrote it (benchmark.attacks[1]; benchmark.attacks for "all")
 
 
 def check_file(data: dict[str, Any], source: str) -> BenchmarkSpec:
@@ -246,7 +247,7 @@ def _entry(where: str, entry: str | dict[str, Any], section: str, names: list[st
         return None  # its attack_options were refused (reported there)
     if not _build(name, {k: v for k, v in options.items() if k != "name"}, named, add, options_where=where):
         return None
-    return AttackEntry(label or name, options, section)
+    return AttackEntry(label or name, options, section, where)
 
 
 def _build(name: str, options: Mapping[str, Any], where: str, add: Add, options_where: str | None = None) -> bool:
@@ -313,11 +314,10 @@ def _check_sizes(base: Mapping[str, Any], table: BenchmarkTable, defenses: Mappi
         add(where, message)
 
     _check_seeds("seeds", base.get("seeds"), refuse)
-    rounds = base.get("rounds")
-    if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > MAX_ROUNDS:
-        refuse("rounds", f"must be at most {MAX_ROUNDS} rounds a run, got {rounds}")
+    _check_rounds("rounds", base.get("rounds"), refuse)
     counts = {}
     for index, defense in defenses.items():
+        _check_rounds(f"defenses[{index}].rounds", defense.rounds, refuse)
         counts[defense.display] = count = defense.candidate_count()
         if count > MAX_CANDIDATES:
             refuse(f"defenses[{index}].tune", f"{count} candidate settings, at most {MAX_CANDIDATES}: tune fewer "
@@ -327,10 +327,11 @@ def _check_sizes(base: Mapping[str, Any], table: BenchmarkTable, defenses: Mappi
     robust = [e.label for e in entries if e.section == ROBUST]
     backdoors = [e.label for e in entries if e.section == BACKDOOR]
     levels = [level["label"] for level in table.heterogeneity]
-    runs = [("", None)] + [(where, profile) for where, profile in profiles(table)]
+    runs = [("benchmark", None)] + [(where, profile) for where, profile in profiles(table)]
     for where, profile in runs:
         if profile is not None:
             _check_seeds(f"{where}.seeds", profile.seeds, refuse)
+            _check_rounds(f"{where}.rounds", profile.rounds, refuse)
 
         def narrowed(field: str, full: list[str]) -> list[str]:
             chosen = None if profile is None else getattr(profile, field)
@@ -352,8 +353,15 @@ def _check_sizes(base: Mapping[str, Any], table: BenchmarkTable, defenses: Mappi
 
 
 def _check_seeds(where: str, seeds: Any, add: Add) -> None:
+    """A seed pool within :data:`MAX_SEEDS` (a value that is no list is the schema's to refuse)."""
     if isinstance(seeds, list) and len(seeds) > MAX_SEEDS:
         add(where, f"a pool of at most {MAX_SEEDS} seeds, got {len(seeds)}")
+
+
+def _check_rounds(where: str, rounds: Any, add: Add) -> None:
+    """A run length within :data:`MAX_ROUNDS` (a value that is no integer is the schema's to refuse)."""
+    if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > MAX_ROUNDS:
+        add(where, f"must be at most {MAX_ROUNDS} rounds a run, got {rounds}")
 
 
 def _check_runs(source: str, base: dict[str, Any], table: BenchmarkTable, defenses: Mapping[int, Defense],
@@ -375,10 +383,12 @@ def _check_runs(source: str, base: dict[str, Any], table: BenchmarkTable, defens
             add(f"{where}.name", f"a level sets options of the file's image task, not another task: a benchmark "
                                  f"measures accuracy (task.name = 'image'); got {level['name']!r}")
             continue
-        for index, defense in defenses.items():
+        first = next(iter(defenses))
+        # the file's own rounds are checked even where every defense sets its own
+        probes = [(first, defenses[first].model_copy(update={"rounds": None}))] if defenses[first].rounds else []
+        for index, defense in [*probes, *defenses.items()]:
             method = defense.candidates(False)[0][1]
-            payload = cell_payload(spec, level, 0.0, defense, method, clean)
-            found = _probe(payload, source)
+            found = _probe(cell_payload(spec, level, 0.0, defense, method, clean), source)
             if isinstance(found, list):
                 for field, message in found:
                     add(_blame(field, level_index, level, index, defense, base), message)

@@ -246,7 +246,24 @@ def build_plan(spec: BenchmarkSpec, weigh: Callable[[Combo], float] | None = Non
                         (plan.backdoors if entry.section == BACKDOOR else plan.attacks)[(group, candidate)].append(
                             entry.label)
             _check_fraction_runs(plan, level["label"], fraction)
+    _check_attack_runs(plan, entries)
     return plan
+
+
+def _check_attack_runs(plan: Plan, entries: list[AttackEntry]) -> None:
+    """An attack that runs in no combination (a backdoor's target or trigger that the
+    data cannot take, say) is the file's error at its field, never an attack left out
+    of every worst case as not applicable."""
+    ran = {key[4] for key in plan.combos}
+    problems = []
+    for entry in entries:
+        if entry.label in ran or not any(group[2] > 0 for group in plan.candidates):  # no attacked fraction
+            continue
+        reasons = sorted({row["reason"] for row in plan.not_applicable if row["attack"] == entry.label})
+        problems.append((entry.where or f"benchmark.{entry.section}s",
+                         f"{entry.label!r} can run in no combination: {'; '.join(reasons[:3])}"))
+    if problems:
+        raise config_error(plan.spec.source, problems)
 
 
 def _check_fraction_runs(plan: Plan, level: str, fraction: float) -> None:

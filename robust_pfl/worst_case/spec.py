@@ -162,7 +162,11 @@ class BenchmarkTable(_Strict):
     @field_validator("fractions")
     @classmethod
     def _fractions(cls, values: list[float]) -> list[float]:
-        return byzantine_shares(values)
+        shares = byzantine_shares(values)
+        if not any(share > 0 for share in shares):  # a profile may narrow to the clean runs; the file may not
+            raise ValueError(f"give at least one share > 0, got {values}: at 0 only the clean runs are made and "
+                             "no attack is judged")
+        return shares
 
     @field_validator("tolerance", mode="before")
     @classmethod
@@ -326,7 +330,7 @@ class BenchmarkSpec(_Strict):
 
     def rounds_of(self, defense: Defense) -> int:
         """``defense``'s run length: its own ``rounds``, else the file's."""
-        return defense.rounds or int(self.base.get("rounds", 100))
+        return defense.rounds or self.base.get("rounds", 100)
 
 
 def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None,
