@@ -9,7 +9,7 @@ import re
 import shlex
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -194,12 +194,14 @@ def _benchmark(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else Path("results") / Path(args.benchmark).stem
     cells = None if args.threads is None else Resources(cpus=float(args.threads))
-    with _backend(args, _recipe_resources(args)) as backend:
+    recipe = _recipe_resources(args)
+    with ExitStack() as stack:  # the backend starts only once the file is checked and planned
         result = run_benchmark(args.benchmark, out, quick=args.quick, subset=args.subset,
-                               tune=False if args.no_tune else None, backend=backend, device=args.device,
+                               tune=False if args.no_tune else None, device=args.device,
                                data_dir=args.data_dir,
                                page=args.page, command=_benchmark_command(args), resources=cells,
-                               workers=args.jobs or 1)
+                               workers=args.jobs or 1,
+                               make_backend=lambda: stack.enter_context(_backend(args, recipe)))
     summary = result.summary
     print(f"{summary['cells']} runs in {summary['stages']} stages ({summary['full_factorial']} in the full "
           f"factorial): {summary['ran']} ran, {summary['skipped']} skipped (finished before), {summary['errors']} "

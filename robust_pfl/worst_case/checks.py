@@ -96,22 +96,24 @@ def check_file(data: dict[str, Any], source: str) -> BenchmarkSpec:
     defenses, all_defenses = _defenses(data.get("defenses"), add)
     table, refused = _table(data.get("benchmark"), add)
     if table is not None:
-        entries = None
+        entries, complete = None, False
         if imports:  # a plug-in that did not import may be what registers a name
             add("", "not checked because a plug-in did not import (plugins): the attacks' and defenses' names and "
-                    "options, the tuning values, each level's run and the Byzantine counts")
+                    "options, the profiles' attack labels, the tuning values, each level's run and the Byzantine "
+                    "counts")
         else:
             before = len(problems)
             entries = attack_entries(table, refused, add)
             # a profile's attack labels can be judged only against every attack of the file
             complete = len(problems) == before and not refused & {(key,) for key in ATTACK_KEYS}
-            _check_profiles(table, refused, [d.display for d in defenses.values()] if all_defenses else None,
-                            entries if complete else None, add)
+        _check_profiles(table, refused, [d.display for d in defenses.values()] if all_defenses else None,
+                        entries if complete else None, add)
         fits = _check_sizes(base, table, defenses, entries, add)
         if fits and not imports and image and ("heterogeneity",) not in refused and defenses:
             configs = _check_runs(source, base, table, defenses, add)
-            for where, fractions in _fraction_lists(table, refused):
-                _check_counts(where, fractions, configs, add)
+            for where, fractions, levels in _fraction_lists(table, refused):
+                _check_counts(where, fractions, {label: configs[label] for label in configs
+                                                 if levels is None or label in levels}, add)
     if problems or table is None:
         raise config_error(source, merged_problems(problems))
     return BenchmarkSpec(source=source, base=base, defenses=list(defenses.values()), benchmark=table)
@@ -193,7 +195,8 @@ def attack_entries(table: BenchmarkTable, refused: set[tuple[str, ...]], add: Ad
     backdoor_names = sorted(n for n, cls in attacks.REGISTRY.items() if issubclass(cls, BackdoorAttack))
     robust_names = sorted(n for n in attacks.REGISTRY if n not in backdoor_names and n != NO_ATTACK)
     for index, name in enumerate(table.exclude_attacks):
-        _build(name, {}, f"benchmark.exclude_attacks[{index}]", add)
+        if name not in attacks.REGISTRY:  # the registry's message (a near name, the allowed ones)
+            _build(name, {}, f"benchmark.exclude_attacks[{index}]", add)
     usable = {}
     for name, options in table.attack_options.items():
         where = f"benchmark.attack_options.{display_key(name)}"
@@ -305,7 +308,8 @@ def combination_bound(levels: int, fractions: Sequence[float], settings: int, at
 def _check_sizes(base: Mapping[str, Any], table: BenchmarkTable, defenses: Mapping[int, Defense],
                  entries: list[AttackEntry] | None, add: Add) -> bool:
     """The plan's sizes against the limits (module docstring), computed without
-    enumerating anything; whether it fits (else each combination is not checked)."""
+    enumerating anything; whether the runs can be checked (:func:`_check_runs`: not
+    with more seeds, rounds or combinations than the limits)."""
     fits = True
 
     def refuse(where: str, message: str) -> None:
@@ -319,8 +323,8 @@ def _check_sizes(base: Mapping[str, Any], table: BenchmarkTable, defenses: Mappi
     for index, defense in defenses.items():
         _check_rounds(f"defenses[{index}].rounds", defense.rounds, refuse)
         counts[defense.display] = count = defense.candidate_count()
-        if count > MAX_CANDIDATES:
-            refuse(f"defenses[{index}].tune", f"{count} candidate settings, at most {MAX_CANDIDATES}: tune fewer "
+        if count > MAX_CANDIDATES:  # its values are then not probed (_check_tuning); the others are
+            add(f"defenses[{index}].tune", f"{count} candidate settings, at most {MAX_CANDIDATES}: tune fewer "
                                               "values, or one factor at a time (a list of tables)")
     if entries is None:
         return fits
@@ -409,6 +413,8 @@ def _check_tuning(spec: BenchmarkSpec, level: Mapping[str, Any], index: int, def
     already)."""
     from robust_pfl.worst_case.plan import cell_payload
 
+    if defense.candidate_count() > MAX_CANDIDATES:
+        return  # refused by its size (_check_sizes): probing each of its values could take minutes
     base = defense.candidates(False)[0][1]
     if isinstance(defense.tune, list):
         changes = [(f"defenses[{index}].tune[{k}]", table) for k, table in enumerate(defense.tune)]
@@ -466,10 +472,13 @@ def _blame(field: str, level_index: int, level: Mapping[str, Any], index: int, d
     return field
 
 
-def _fraction_lists(table: BenchmarkTable, refused: set[tuple[str, ...]]) -> list[tuple[str, list[float]]]:
-    """``(field, fractions)`` of the file and of every profile that sets them."""
-    out = [] if ("fractions",) in refused else [("benchmark.fractions", table.fractions)]
-    return out + [(f"{where}.fractions", p.fractions) for where, p in profiles(table) if p.fractions is not None]
+def _fraction_lists(table: BenchmarkTable,
+                    refused: set[tuple[str, ...]]) -> list[tuple[str, list[float], list[str] | None]]:
+    """``(field, fractions, levels)`` of the file (every level: ``None``) and of every
+    profile that sets fractions (the levels it runs)."""
+    out = [] if ("fractions",) in refused else [("benchmark.fractions", table.fractions, None)]
+    return out + [(f"{where}.fractions", p.fractions, p.heterogeneity) for where, p in profiles(table)
+                  if p.fractions is not None]
 
 
 def _check_counts(where: str, fractions: Sequence[float], configs: Mapping[str, Any], add: Add) -> None:

@@ -27,7 +27,7 @@ from robust_pfl.worst_case.analysis import Judge
 from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
 from robust_pfl.config import ConfigError, read_toml_file
 from robust_pfl.provenance import git_dirty
-from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark
+from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark, profile_of
 
 #: The final metrics a benchmark reads from each cell.
 METRICS = ("test_accuracy", "validation_accuracy", "validation_loss", "worst_cluster_test_accuracy",
@@ -222,8 +222,8 @@ def _load(source: str | Path | Mapping[str, Any], quick: bool, subset: str | Non
         data["device"] = device
     if data_dir is not None:
         data["task"] = {**(data.get("task") or {}), "data_dir": str(data_dir)}
-    return (parse_benchmark(data, where, base_dir, quick, subset, tune),
-            parse_benchmark(data, where, base_dir))
+    full = parse_benchmark(data, where, base_dir)  # checked once, whichever profile runs
+    return profile_of(full, quick, subset, tune), full
 
 
 def check_outputs(out: Path, page: Path | None) -> None:
@@ -260,12 +260,16 @@ def run_benchmark(
     tune: bool | None = None, backend: Backend | None = None, device: str | None = None,
     progress: bool | None = None, page: str | Path | None = None, say: Callable[[str], None] | None = None,
     command: str | None = None, resources: Resources | None = None, workers: int = 1, data_dir: str | None = None,
+    make_backend: Callable[[], Backend] | None = None,
 ) -> BenchmarkResult:
     """Run the benchmark ``source`` (a file path or its parsed mapping) into ``out``.
 
     ``quick``/``subset`` select the file's profiles, ``tune = False`` keeps the file's
     values, ``device`` and ``data_dir`` replace every cell's; ``backend`` runs the cells (default one
     after another here; ``workers``: how many cells it runs at once, for the estimate);
+    ``make_backend``, where given instead, makes it once the outputs and the file are
+    checked and planned, so that a mistake starts nothing (a Ray cluster); the caller
+    closes it;
     ``page`` also writes the results page there; ``say`` gets the plan, cost and stage
     lines (default: standard error).
     """
@@ -278,8 +282,8 @@ def run_benchmark(
     estimate = cost.estimate(plan, rule_of(spec))
     say(f"benchmark {spec.source}: {len(plan.combos)} combinations ({plan.full_factorial()} runs with every seed), "
         f"{len(plan.not_applicable)} not applicable; {estimate.text(workers)}")
-    owned = backend is None
-    backend = backend or LocalBackend()
+    owned = backend is None and make_backend is None
+    backend = backend or (make_backend() if make_backend is not None else LocalBackend())
     totals = {"ran": 0, "stages": 0}  # runs made and stages that made some, in this call
     asked = 0
     errored: dict[str, str] = {}

@@ -346,9 +346,16 @@ def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path
     from robust_pfl.worst_case.checks import check_file
 
     check_nesting(data, f"benchmark {source}")
+    return profile_of(check_file(with_resolved_paths(copy.deepcopy(data), base_dir), source), quick, subset, tune)
+
+
+def profile_of(spec: BenchmarkSpec, quick: bool = False, subset: str | None = None,
+               tune: bool | None = None) -> BenchmarkSpec:
+    """The file's checked ``spec`` narrowed by its quick profile (``quick``) or subset
+    ``subset``, with ``tune`` (``--no-tune``: ``False``) where given."""
+    source = spec.source
     if quick and subset is not None:
         raise ConfigError("give --quick or --subset, not both")
-    spec = check_file(with_resolved_paths(copy.deepcopy(data), base_dir), source)
     if quick:
         spec = spec.narrowed(spec.benchmark.quick, "benchmark.quick")
     elif subset is not None:
