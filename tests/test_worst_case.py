@@ -221,6 +221,18 @@ def test_out_and_page_are_checked_before_any_cell_runs(tmp_path, capsys, where):
     assert not (tmp_path / "out").exists() and not (tmp_path / "file" / "out").exists()  # nothing ran
 
 
+def test_a_mistaken_file_starts_no_backend(tmp_path, capsys, monkeypatch):
+    """A mistake is reported before the backend (a Ray cluster, a pool) is made."""
+    import robust_pfl.backends as backends
+
+    made = []
+    monkeypatch.setattr(backends, "make_backend", lambda *args, **kwargs: made.append(args))
+    path = tiny(tmp_path, TINY.replace('attacks = ["alie", "bit_flip"]', 'attacks = ["alei"]'))
+    assert main(["benchmark", str(path), "--out", str(tmp_path / "out"), "--backend", "ray"]) == 2
+    assert "benchmark.attacks[0]: unknown attack 'alei' (did you mean 'alie'?)" in capsys.readouterr().err
+    assert made == []
+
+
 def test_planning_says_how_far_it_is_when_it_takes_long(tmp_path, monkeypatch):
     import robust_pfl.worst_case.plan as plan_module
 
