@@ -89,7 +89,8 @@ def assert_clear(error: ConfigError) -> list[str]:
 
 def assert_keeps_every_entry(data: dict[str, Any]) -> None:
     """The accepted file's plan holds every defense, level and fraction it wrote, and
-    each attack it listed runs somewhere or is listed not applicable with a reason."""
+    each attack and backdoor it listed runs somewhere or is listed not applicable with
+    a reason."""
     spec = parse_benchmark(copy.deepcopy(data), "fuzz.toml")
     plan = build_plan(spec)
     groups = set(plan.candidates)
@@ -97,8 +98,8 @@ def assert_keeps_every_entry(data: dict[str, Any]) -> None:
     assert len(spec.defenses) == len(data["defenses"])
     assert {g[1] for g in groups} == {level["label"] for level in data["benchmark"]["heterogeneity"]}
     assert {g[2] for g in groups} == set(data["benchmark"]["fractions"])
-    written = data["benchmark"].get("attacks", "all")
-    labels = [a if isinstance(a, str) else a.get("label") or a["name"] for a in written] if written != "all" else []
+    labels = [label for key in ("attacks", "backdoors") if (written := data["benchmark"].get(key, "all")) != "all"
+              for label in (a if isinstance(a, str) else a.get("label") or a["name"] for a in written)]
     attacked = {key[4] for key in plan.combos} | {row["attack"] for row in plan.not_applicable if row["reason"]}
     assert set(labels) <= attacked, (labels, attacked)
 
