@@ -138,7 +138,9 @@ MISTAKES = [
     ((("defenses", 0, "tune", "lr"), [-0.1, 0.1]), "defenses[0].tune.lr"),
     ((("defenses", 0, "tune"), [{"lr": -1.0}]), "defenses[0].tune[0].lr"),
     ((("defenses", 0, "tune"), {"lr": [0.1, 0.1]}), "defenses[0].tune"),
-    ((("defenses", 0, "tune"), {"lr": [0.001 * i for i in range(1, 1001)], "heavy_ball": [i / 1001 for i in range(1000)]}),
+    ((("defenses", 0, "tune"), {"lr": [0.001 * i for i in range(1, MAX_CANDIDATES + 2)]}), "defenses[0].tune"),
+    # 10^6 candidates: refused from the product's size, never enumerated (it hung for 35 minutes)
+    ((("defenses", 0, "tune"), {"lr": [0.001 * i for i in range(1, 1001)], "heavy_ball": [i / 1e3 for i in range(1000)]}),
      "defenses[0].tune"),
     # defenses
     ((("defenses", 0, "name"), "fcc"), "defenses[0].name"),

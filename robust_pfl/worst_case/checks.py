@@ -419,7 +419,8 @@ def _check_tuning(spec: BenchmarkSpec, level: Mapping[str, Any], index: int, def
     if isinstance(defense.tune, list):
         changes = [(f"defenses[{index}].tune[{k}]", table) for k, table in enumerate(defense.tune)]
     else:
-        changes = [(f"defenses[{index}].tune", {key: value}) for key, values in defense.tune.items() for value in values]
+        changes = [(f"defenses[{index}].tune", {key: value})
+                   for key, values in defense.tune.items() for value in values]
     for where, change in changes:
         found = _probe(cell_payload(spec, level, 0.0, defense, {**base, **change}, {"name": NO_ATTACK}), source)
         if not isinstance(found, list):
