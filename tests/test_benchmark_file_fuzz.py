@@ -255,3 +255,16 @@ def outcome(path: tuple[Any, ...], value: Any) -> str:
         assert_clear(error)
         return "refused"
     return "accepted"
+
+
+def test_a_plugin_that_does_not_import_names_the_checks_it_skips():
+    """The checks that read the registries (a failed plug-in may be what registers a
+    name) are named as not checked; the others still report in the same message."""
+    data = mutated(("plugins",), ["no_such_plugin_module"])
+    data["benchmark"]["tolerance"] = -1
+    with pytest.raises(ConfigError) as error:
+        parse_benchmark(data, "fuzz.toml")
+    text = str(error.value)
+    assert "plugins[0]: cannot import 'no_such_plugin_module'" in text
+    assert "benchmark.tolerance.points: must be a number in [0, 100]" in text
+    assert "not checked because a plug-in did not import (plugins): the attacks' and defenses' names" in text
