@@ -54,7 +54,7 @@ def _flower(args: argparse.Namespace) -> int:
     except ImportError:
         print(f"error: {INSTALL_HINT}", file=sys.stderr)
         return 2
-    from robust_pfl.flower import NodeError, failure_report, run_flower
+    from robust_pfl.flower import NodeError, attack_report, failure_report, run_flower
 
     run = load_flower_config(args.config)
     out = Path(args.out) if args.out else Path("results") / Path(args.config).stem
@@ -72,6 +72,8 @@ def _flower(args: argparse.Namespace) -> int:
     for method in [m.display for m in run.config.methods if m.display in final]:  # config order
         shown = ", ".join(f"{k}={v['mean']:.4g}" for k, v in sorted(final[method].items()))
         print(f"  {method:>14}: {shown}")
+    for line in attack_report(summary["attack_runs"]):  # where each run's attack ran
+        print(line)
     report = failure_report(summary["node_failures"], run.config.attack.name)
     for line in report:
         print(line, file=sys.stderr)

@@ -185,9 +185,10 @@ def test_flower_command_without_flwr_names_the_extra(monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.slow  # about 15 s of real Flower nodes; the default run keeps the core equivalence test
-def test_flower_command_writes_what_run_writes(tmp_path: Path) -> None:
+def test_flower_command_writes_what_run_writes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``robust-pfl flower`` and ``robust-pfl run`` on one config (FC with 2 groups,
-    Global + median, 3 rounds): the same history.csv, byte for byte."""
+    Global + median, 3 rounds): the same history.csv, byte for byte; the command
+    prints where each run's attack ran (large_gradient, a node attack)."""
     pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
     import tomllib
 
@@ -202,6 +203,10 @@ def test_flower_command_writes_what_run_writes(tmp_path: Path) -> None:
     plain = tmp_path / "plain.toml"
     plain.write_text(toml)
     assert main(["flower", str(config), "--out", str(tmp_path / "flower")]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert summary["attack_runs"] and all(entry["ran_on"] == "nodes" for entry in summary["attack_runs"])
+    assert printed.count("attack 'large_gradient' ran on the Byzantine nodes") == len(summary["attack_runs"])
     assert main(["run", str(plain), "--out", str(tmp_path / "run")]) == 0
     assert (tmp_path / "flower" / "history.csv").read_bytes() == (tmp_path / "run" / "history.csv").read_bytes()
 
