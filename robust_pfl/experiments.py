@@ -283,8 +283,7 @@ def client_count(config: ExperimentConfig) -> int:
 
 def byzantine_count(config: ExperimentConfig) -> int:
     """How many Byzantine clients the config's task will have."""
-    counts = config.byzantine.placement().counts(config.task.clusters, config.task.clients_per_cluster)
-    return int(counts.sum())
+    return config.byzantine.placement().total_count(config.task.clusters, config.task.clients_per_cluster)
 
 
 def _with_run_budgets(config: ExperimentConfig, cls: type[defenses.Algorithm], params: defenses.AlgorithmParams,

@@ -69,3 +69,20 @@ def test_config_rejects_unknown_byzantine_cluster():
 def test_config_fraction_builds_expected_placement():
     config = parse_config({"methods": [{"name": "local"}], "byzantine": {"fraction": 0.2}})
     assert config.byzantine.placement() == ByzantinePlacement(fraction=0.2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(total=st.integers(0, 30), per=st.integers(0, 5), fraction=st.sampled_from([0.0, 0.1, 0.3]),
+       fraction_per=st.sampled_from([0.0, 0.2]), clusters=st.integers(1, 6), honest=st.integers(1, 12),
+       chosen=st.sampled_from([None, (0,), (0, 1)]))
+def test_total_count_is_the_sum_of_the_counts(total, per, fraction, fraction_per, clusters, honest, chosen):
+    """The arithmetic count config validation uses equals the per-cluster counts' sum,
+    and both refuse the same out-of-range target clusters."""
+    placement = ByzantinePlacement(total=total, per_cluster=per, fraction=fraction,
+                                   fraction_per_cluster=fraction_per, clusters=chosen)
+    if chosen is not None and max(chosen) >= clusters:
+        for count in (placement.counts, placement.total_count):
+            with pytest.raises(ValueError, match="byzantine.clusters"):
+                count(clusters, honest)
+        return
+    assert placement.total_count(clusters, honest) == int(placement.counts(clusters, honest).sum())

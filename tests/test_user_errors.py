@@ -265,6 +265,19 @@ def test_too_many_clients_for_the_digits_is_a_config_error_with_the_limit(tmp_pa
         ImageTask(**task, clients_per_cluster=limit + 1).build(0, ByzantinePlacement(total=4))
 
 
+
+@pytest.mark.parametrize("field", ["clusters", "clients_per_cluster"])
+def test_a_federation_of_10_to_the_12_clients_is_refused_naming_its_field(tmp_path, capsys, field):
+    """Sizes far past the data are refused by arithmetic, naming the field that is too
+    large (not the Byzantine count), instead of allocating one entry per client."""
+    text = QUICKSTART.read_text().replace(f"\n{field} = ", f"\n{field} = 1000000000000 # ", 1)
+    assert f"{field} = 1000000000000" in text
+    path = write(tmp_path, text, "huge.toml")
+    status, _, err = run_cli(["run", str(path), "--out", str(tmp_path / "out")], capsys)
+    assert status == 2 and "Traceback" not in err
+    assert err.startswith(f"error: invalid config {path}:\n  task.{field}: ")
+    assert ("fits at most clients_per_cluster" in err) == (field == "clients_per_cluster")
+
 def _idx(shape: tuple[int, ...], payload: bytes = b"") -> bytes:
     return bytes([0, 0, 0x08, len(shape)]) + b"".join(struct.pack(">i", size) for size in shape) + payload
 

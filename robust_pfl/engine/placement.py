@@ -46,16 +46,25 @@ class ByzantinePlacement:
 
     def counts(self, clusters: int, honest_per_cluster: int) -> Tensor:
         """Byzantine clients per cluster, ``[clusters]`` (int64)."""
+        shared, each = self._shared_and_each(clusters, honest_per_cluster)
         targets = list(range(clusters)) if self.clusters is None else list(self.clusters)
-        if max(targets) >= clusters:
-            raise ValueError(
-                f"byzantine.clusters must be cluster indices in [0, {clusters}), got {list(self.clusters or [])}"
-            )
-        shared = self.total + _share(self.fraction, clusters * honest_per_cluster)
-        each = self.per_cluster + _share(self.fraction_per_cluster, honest_per_cluster)
         counts = torch.full((clusters,), each, dtype=torch.long)
         spread = torch.tensor(targets, dtype=torch.long)[torch.arange(shared) % len(targets)]
         return counts + torch.bincount(spread, minlength=clusters)
+
+    def total_count(self, clusters: int, honest_per_cluster: int) -> int:
+        """The sum of :meth:`counts`, by arithmetic: config validation asks it before
+        any size is checked, so it must not allocate one entry per cluster."""
+        shared, each = self._shared_and_each(clusters, honest_per_cluster)
+        return shared + each * clusters
+
+    def _shared_and_each(self, clusters: int, honest_per_cluster: int) -> tuple[int, int]:
+        """Byzantine clients spread over the target clusters, and those every cluster
+        gets; refuses a target cluster outside ``[0, clusters)``."""
+        if self.clusters is not None and max(self.clusters) >= clusters:
+            raise ValueError(f"byzantine.clusters must be cluster indices in [0, {clusters}), got {list(self.clusters)}")
+        shared = self.total + _share(self.fraction, clusters * honest_per_cluster)
+        return shared, self.per_cluster + _share(self.fraction_per_cluster, honest_per_cluster)
 
     def place(self, clusters: int, honest_per_cluster: int) -> tuple[Tensor, Tensor]:
         """Cluster ids ``[N]`` and Byzantine mask ``[N]``: honest clients first,

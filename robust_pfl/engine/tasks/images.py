@@ -269,10 +269,18 @@ class ImageTask:
         a train or test sample, the message also gives the largest
         ``clients_per_cluster`` that fits (with the same Byzantine placement)."""
         data = self.load(data)
+        placement = placement or ByzantinePlacement()
+        # More honest clients than train images leave one without a sample; said by
+        # arithmetic, since dealing (and the search below) allocates one entry per client.
+        most = data.num_train // self.clusters
         try:
+            if self.clients_per_cluster > most:
+                field = "clients_per_cluster" if most else "clusters"
+                raise _TooManyClients(f"{field}: {self.clusters} x {self.clients_per_cluster} honest clients are "
+                                      f"more than {data.name}'s {data.num_train} train images")
             self._fitted_sizes(seed, placement, data, self.clients_per_cluster)
         except _TooManyClients as error:
-            fits, fails = 0, self.clients_per_cluster  # sizes shrink as clients grow
+            fits, fails = 0, min(self.clients_per_cluster, most + 1)  # sizes shrink as clients grow
             while fails - fits > 1:
                 middle = (fits + fails) // 2
                 try:
@@ -281,8 +289,8 @@ class ImageTask:
                 except ValueError:
                     fails = middle
             held = f"{data.num_train} train and {data.num_test} test images"
-            byzantine = int((placement or ByzantinePlacement()).counts(self.clusters, 1).sum())
-            if not fits and byzantine:
+            byzantine = placement.total_count(self.clusters, 1)
+            if not fits and byzantine and most:  # else the clusters alone outnumber the images
                 raise TooManyByzantine(
                     f"{byzantine} Byzantine clients leave no room: with them {data.name} ({held}) fits no "
                     f"clients_per_cluster at all ({error}); lower byzantine.total / byzantine.per_cluster"
