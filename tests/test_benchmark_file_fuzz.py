@@ -262,3 +262,15 @@ def test_a_plugin_that_does_not_import_names_the_checks_it_skips():
     assert "plugins[0]: cannot import 'no_such_plugin_module'" in text
     assert "benchmark.tolerance.points: must be a number in [0, 100]" in text
     assert "not checked because a plug-in did not import (plugins): the attacks' and defenses' names" in text
+
+
+def test_a_check_skipped_for_an_invalid_task_names_the_files_defenses():
+    """The run config's "methods (...) not checked" line, in a benchmark file's report,
+    names each defense as the file writes it (it has no ``methods``)."""
+    with pytest.raises(ConfigError) as error:
+        parse_benchmark(mutated(("task", "clients_per_cluster"), 0), "fuzz.toml")
+    lines = str(error.value).splitlines()[1:]
+    assert lines[0].strip().startswith("task.clients_per_cluster: ")
+    skipped = [line.strip() for line in lines if "not checked" in line]
+    assert skipped and all(line.startswith("defenses[") for line in skipped)
+    assert not any("methods" in line for line in lines)

@@ -395,7 +395,7 @@ def _check_runs(source: str, base: dict[str, Any], table: BenchmarkTable, defens
             found = _probe(cell_payload(spec, level, 0.0, defense, method, clean), source)
             if isinstance(found, list):
                 for field, message in found:
-                    add(_blame(field, level_index, level, index, defense, base), message)
+                    add(_blame(field, level_index, level, index, defense, base), _renamed_skip(message, index))
             else:
                 configs.setdefault(level["label"], found)
             if index not in checked:
@@ -453,6 +453,14 @@ def _split(line: str) -> Problem:
     if colon and field and " " not in field:
         return field, message
     return "", text
+
+
+def _renamed_skip(message: str, index: int) -> str:
+    """A run config's "``methods ...`` not checked" line as the benchmark file names
+    the method: ``defenses[index] ...`` (other messages unchanged)."""
+    if message.startswith("methods ") and " not checked: " in message:
+        return f"defenses[{index}]{message[len('methods'):]}"
+    return message
 
 
 def _blame(field: str, level_index: int, level: Mapping[str, Any], index: int, defense: Defense,
