@@ -53,7 +53,15 @@ VALID: dict[str, Any] = {
     ],
 }
 
-DELETE = object()  # a mutation's value: the key removed
+class _Delete:
+    """A mutation's value: the key removed (its repr is stable, for test ids that
+    every pytest-xdist worker collects alike)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 
 def mutated(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
