@@ -238,6 +238,48 @@ def consensus_rate(mixture: Tensor, draws: int, generator: torch.Generator) -> f
     return 1.0 - worst
 
 
+#: The clustering controls: FedSPD's centres where training on a partition of the
+#: points that ignores their source settles, each centre at the least-squares fit of
+#: its group (matched to the sources like the runs' centres), held at every ``T``.
+PARTITION_CONTROLS = {
+    "none": "no clustering (both centres at the least-squares fit of every point: the best single model)",
+    "wrong": "a wrong fixed partition (each centre fitted to every other point of every client: half of each source)",
+    "random": "a random assignment (each centre fitted to a random half of the points, drawn afresh per repeat)",
+}
+#: The random partition's stream (independent of the runs' federation seeds).
+PARTITION_STREAM = 4099
+
+
+def partition_centres(problem: MixtureProblem, members: Tensor) -> Tensor:
+    """``[S, d]``: centre ``k`` the least-squares fit of its points ``members[k]``
+    (``[S, N, m]`` bool), matched to the sources (:func:`_matching`)."""
+    a, y = problem.train.inputs, problem.train.targets
+    fits = torch.stack([torch.linalg.lstsq(a[mask], y[mask].unsqueeze(-1)).solution.squeeze(-1) for mask in members])
+    return fits[_matching(problem, fits)]
+
+
+def held_error(problem: MixtureProblem, centres: Tensor, horizon: int) -> float:
+    """The left side of eq. (9) for centres held at ``centres[S, d]`` (matched) over
+    ``horizon`` rounds: every weighted risk and the last distance at them."""
+    factor = 1 + learning_rate(problem, horizon) * problem.smoothness
+    distance = problem.strong_convexity * (centres - problem.optima).square().sum(-1)
+    return float((factor * problem.risks(centres) + distance).max())
+
+
+def partition_errors(problem: MixtureProblem, sizes: FedSPDSizes, seed: int, repeats: int) -> dict[str, np.ndarray]:
+    """Each clustering control's error ``[len(horizons), repeats]`` (the random one
+    drawn per repeat; the others the same at every repeat)."""
+    clients, samples = problem.sources.shape
+    every = torch.ones(SOURCES, clients, samples, dtype=torch.bool)
+    even = (torch.arange(samples) % 2 == 0).expand(clients, -1)
+    generator = torch.Generator().manual_seed(PARTITION_STREAM + seed)
+    halves = [torch.rand(clients, samples, generator=generator) < 0.5 for _ in range(repeats)]
+    members = {"none": [every] * repeats, "wrong": [torch.stack([even, ~even])] * repeats,
+               "random": [torch.stack([half, ~half]) for half in halves]}
+    return {name: np.array([[held_error(problem, partition_centres(problem, m), h) for m in members[name]]
+                            for h in sizes.horizons]) for name in PARTITION_CONTROLS}
+
+
 Reading = Literal["printed", "text"]
 #: eq. (9) solved for ``eps`` keeps both terms (``ln T / T`` is the slowest); the text
 #: after it says ``O(1/sqrt(eps))`` rounds, ``eps ~ 1/T^2``: its ``T^-2`` term alone.
@@ -317,6 +359,8 @@ def fedspd_rate_study(budget: Budget = "quick", sizes: FedSPDSizes | None = None
     claimed = float(np.polyfit(np.log(horizons), np.log(slowest), 1)[0])
     sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
     control = rate_control(FROZEN, horizons, frozen, rhs, claimed, seed=seed)
+    controls = tuple(rate_control(PARTITION_CONTROLS[name], horizons, held, rhs, claimed, seed=seed)
+                     for name, held in partition_errors(problem, chosen, seed, len(kept)).items())
     hypotheses = (
         Hypothesis("Assumption 5.1", "mu > 0 (each source's pooled risk strongly convex)", strong, 0.0, strong > 0,
                    f"L = {smooth:.3g}"),
@@ -333,4 +377,4 @@ def fedspd_rate_study(budget: Budget = "quick", sizes: FedSPDSizes | None = None
     findings = {"bound_slope_over_sweep": float(np.polyfit(np.log(horizons), np.log(rhs), 1)[0]),
                 "collapsed_repeats": collapsed, "repeats_used": len(kept)}
     theorem = "fedspd-thm5.11" if reading == "printed" else "fedspd-thm5.11-text"
-    return assemble(theorem, [sweep], settings, seed, findings, hypotheses, control)
+    return assemble(theorem, [sweep], settings, seed, findings, hypotheses, control, controls)
