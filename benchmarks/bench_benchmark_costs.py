@@ -40,7 +40,7 @@ from robust_pfl.cells import CellTask, execute_cell  # noqa: E402
 from robust_pfl.provenance import machine_text  # noqa: E402
 from robust_pfl.worst_case.cost import PLAIN, method_key, task_key  # noqa: E402
 from robust_pfl.worst_case.plan import build_plan  # noqa: E402
-from robust_pfl.worst_case.spec import load_benchmark  # noqa: E402
+from robust_pfl.worst_case.loading import load_benchmark  # noqa: E402
 
 
 def timed(config: dict, rounds: int, eval_every: int) -> float:

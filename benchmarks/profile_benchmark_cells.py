@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 from robust_pfl.cells import CellTask, execute_cell  # noqa: E402
 from robust_pfl.provenance import machine_text  # noqa: E402
 from benchmarks.attacked_cells import attacked_cells  # noqa: E402
-from robust_pfl.worst_case.spec import load_benchmark  # noqa: E402
+from robust_pfl.worst_case.loading import load_benchmark  # noqa: E402
 
 #: The parts of a round, each the cumulative time of one function (file, name).
 PARTS = {

@@ -21,7 +21,7 @@ from robust_pfl.cli import main
 from robust_pfl.config import ConfigError
 from robust_pfl.worst_case.checks import MAX_CANDIDATES, MAX_COMBINATIONS, MAX_ROUNDS, MAX_SEEDS
 from robust_pfl.worst_case.plan import build_plan
-from robust_pfl.worst_case.spec import parse_benchmark
+from robust_pfl.worst_case.loading import parse_benchmark
 
 from test_worst_case import TINY, tiny
 

@@ -26,7 +26,7 @@ from robust_pfl.experiments import worst_cluster_mean
 from robust_pfl.grid import read_results
 from robust_pfl.worst_case import run_benchmark
 from robust_pfl.worst_case.plan import BACKDOOR, ROBUST, build_plan
-from robust_pfl.worst_case.spec import load_benchmark
+from robust_pfl.worst_case.loading import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,6 +11,7 @@ hyperparameters tuned on validation data and intervals over seeds.
 """
 
 from robust_pfl.worst_case.runner import BenchmarkResult, run_benchmark
-from robust_pfl.worst_case.spec import BenchmarkSpec, load_benchmark, parse_benchmark
+from robust_pfl.worst_case.loading import load_benchmark, parse_benchmark
+from robust_pfl.worst_case.spec import BenchmarkSpec
 
 __all__ = ["BenchmarkResult", "BenchmarkSpec", "load_benchmark", "parse_benchmark", "run_benchmark"]

@@ -32,7 +32,8 @@ from robust_pfl.config import ByzantineConfig, ConfigError, Problem, config_erro
 from robust_pfl.engine.registry import display_key
 from robust_pfl.engine.types import BackdoorAttack
 from robust_pfl.plugins import plugin_problems
-from robust_pfl.worst_case.spec import ALL, PER_CELL, BenchmarkSpec, BenchmarkTable, Defense, Profile, duplicated
+from robust_pfl.worst_case.spec import (ALL, PER_CELL, BenchmarkSpec, BenchmarkTable, Defense, Profile, cell_payload,
+                                        duplicated, unknown_labels)
 
 #: The most combinations a plan may have.  Planning validates every one (about 3 ms
 #: each on one core: 50,000 is a few minutes); the shipped digits file has about 8,000.
@@ -268,12 +269,6 @@ def _build(name: str, options: Mapping[str, Any], where: str, add: Add, options_
     return True
 
 
-def unknown_labels(where: str, chosen: Sequence[str] | None, known: Sequence[str]) -> Problem | None:
-    """The problem of a profile's label list naming labels the file does not define."""
-    unknown = [label for label in chosen or () if label not in known]
-    return (where, f"unknown {unknown}; known: {list(known)}") if unknown else None
-
-
 def profiles(table: BenchmarkTable) -> list[tuple[str, Profile]]:
     """``(field, profile)`` of the quick profile and every subset."""
     return [("benchmark.quick", table.quick),
@@ -374,8 +369,6 @@ def _check_runs(source: str, base: dict[str, Any], table: BenchmarkTable, defens
     first level, checked as a run config without Byzantine clients
     (:func:`robust_pfl.experiments.parse_and_validate`), problems renamed to the
     file's fields; returns a validated config per level (label) that passed."""
-    from robust_pfl.worst_case.plan import cell_payload
-
     spec = BenchmarkSpec.model_construct(source=source, base=base, defenses=list(defenses.values()),
                                          benchmark=table, attack_labels=None, backdoor_labels=None)
     clean = {"name": NO_ATTACK}
@@ -411,8 +404,6 @@ def _check_tuning(spec: BenchmarkSpec, level: Mapping[str, Any], index: int, def
     of tables: each table) in a run at ``level``, whether or not the file tunes;
     problems of the changed options only (the others are the defense's own, checked
     already)."""
-    from robust_pfl.worst_case.plan import cell_payload
-
     if defense.candidate_count() > MAX_CANDIDATES:
         return  # refused by its size (_check_sizes): probing each of its values could take minutes
     base = defense.candidates(False)[0][1]

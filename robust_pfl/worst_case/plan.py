@@ -17,15 +17,14 @@ full factorial the allocation is measured against.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from robust_pfl.config import ConfigError, ExperimentConfig, config_error
 from robust_pfl.grid_file import Grid, GridCell, Resources, cell_key
 from robust_pfl.worst_case.checks import BACKDOOR, NO_ATTACK, ROBUST, AttackEntry, attack_entries, checked_size
-from robust_pfl.worst_case.spec import BenchmarkSpec, Defense
+from robust_pfl.worst_case.spec import BenchmarkSpec, Defense, cell_payload
 
 #: The store's axis columns of a benchmark's cells.
 COLUMNS = ["method", "candidate", "heterogeneity", "fraction", "attack", "seed"]
@@ -147,27 +146,6 @@ def attack_set(spec: BenchmarkSpec) -> list[AttackEntry]:
 
 def _kept(entry: AttackEntry, labels: list[str] | None) -> bool:
     return labels is None or entry.label in labels
-
-
-def cell_payload(spec: BenchmarkSpec, level: Mapping[str, Any], fraction: float, defense: Defense,
-                 method: Mapping[str, Any], attack: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config of one combination, every seed: the file's base, the level's task
-    options (and the benchmark's validation split, unless the task or level sets one),
-    the defense's run length, the Byzantine fraction, the attack and the candidate
-    method.  An attacked run evaluates at its start and end only: verdicts read its
-    final metrics, and only the clean runs' curves (convergence)."""
-    payload = copy.deepcopy(spec.base)
-    task = {**payload.get("task", {}), **{k: v for k, v in level.items() if k != "label"}}
-    if spec.benchmark.validation_per_client is not None:
-        task.setdefault("validation_per_client", spec.benchmark.validation_per_client)
-    payload["task"] = task
-    payload["rounds"] = rounds = spec.rounds_of(defense)
-    if fraction > 0:
-        payload["byzantine"] = {"fraction": fraction}
-        payload["eval_every"] = rounds  # only the clean runs' curves are read (convergence)
-    payload["attack"] = copy.deepcopy(dict(attack))
-    payload["methods"] = [copy.deepcopy(dict(method))]
-    return payload
 
 
 def _check_evaluations(spec: BenchmarkSpec) -> None:

@@ -27,7 +27,8 @@ from robust_pfl.worst_case.analysis import Judge
 from robust_pfl.worst_case.plan import BACKDOOR, CLEAN, COLUMNS, DIAGNOSTIC, Plan, attack_set, build_plan
 from robust_pfl.config import ConfigError, read_toml_file
 from robust_pfl.provenance import git_dirty
-from robust_pfl.worst_case.spec import BenchmarkSpec, parse_benchmark, profile_of
+from robust_pfl.worst_case.loading import parse_benchmark, profile_of
+from robust_pfl.worst_case.spec import BenchmarkSpec
 
 #: The final metrics a benchmark reads from each cell.
 METRICS = ("test_accuracy", "validation_accuracy", "validation_loss", "worst_cluster_test_accuracy",

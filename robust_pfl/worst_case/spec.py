@@ -44,13 +44,11 @@ import copy
 import itertools
 import json
 import math
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from robust_pfl.config import ConfigError, check_nesting, config_error, read_toml_file
-from robust_pfl.plugins import with_resolved_paths
+from robust_pfl.config import config_error
 
 #: Keys of the file the benchmark sets per cell.
 PER_CELL = ("methods", "attack", "byzantine", "seeds")
@@ -287,8 +285,6 @@ class BenchmarkSpec(_Strict):
     def narrowed(self, profile: Profile, what: str) -> BenchmarkSpec:
         """This benchmark narrowed by ``profile`` (``what`` names it in errors; the
         file's profiles were checked at load, :mod:`robust_pfl.worst_case.checks`)."""
-        from robust_pfl.worst_case.checks import unknown_labels
-
         table = self.benchmark
         known = {"defenses": [d.display for d in self.defenses],
                  "heterogeneity": [level["label"] for level in table.heterogeneity]}
@@ -333,42 +329,28 @@ class BenchmarkSpec(_Strict):
         return defense.rounds or self.base.get("rounds", 100)
 
 
-def parse_benchmark(data: dict[str, Any], source: str = "<dict>", base_dir: Path | None = None,
-                    quick: bool = False, subset: str | None = None, tune: bool | None = None) -> BenchmarkSpec:
-    """A benchmark file's parsed TOML as a :class:`BenchmarkSpec`, every part checked
-    whichever profile runs (:func:`robust_pfl.worst_case.checks.check_file`), then
-    narrowed by its quick profile (``quick``) or subset ``subset``; ``tune = False``
-    keeps the file's values (``--no-tune``).
-
-    Raises:
-        ConfigError: ``invalid config <source>:`` and a line per bad field.
-    """
-    from robust_pfl.worst_case.checks import check_file
-
-    check_nesting(data, f"benchmark {source}")
-    return profile_of(check_file(with_resolved_paths(copy.deepcopy(data), base_dir), source), quick, subset, tune)
+def unknown_labels(where: str, chosen: Sequence[str] | None, known: Sequence[str]) -> Problem | None:
+    """The problem of a profile's label list naming labels the file does not define."""
+    unknown = [label for label in chosen or () if label not in known]
+    return (where, f"unknown {unknown}; known: {list(known)}") if unknown else None
 
 
-def profile_of(spec: BenchmarkSpec, quick: bool = False, subset: str | None = None,
-               tune: bool | None = None) -> BenchmarkSpec:
-    """The file's checked ``spec`` narrowed by its quick profile (``quick``) or subset
-    ``subset``, with ``tune`` (``--no-tune``: ``False``) where given."""
-    source = spec.source
-    if quick and subset is not None:
-        raise ConfigError("give --quick or --subset, not both")
-    if quick:
-        spec = spec.narrowed(spec.benchmark.quick, "benchmark.quick")
-    elif subset is not None:
-        if subset not in spec.benchmark.subsets:
-            raise ConfigError(f"--subset {subset!r}: the file {source} defines {sorted(spec.benchmark.subsets)} "
-                              "(tables [benchmark.subsets.<name>])")
-        spec = spec.narrowed(spec.benchmark.subsets[subset], f"benchmark.subsets.{subset}")
-    if tune is not None:
-        spec = spec.model_copy(update={"benchmark": spec.benchmark.model_copy(update={"tune": tune})})
-    return spec
-
-
-def load_benchmark(path: str | Path, quick: bool = False, subset: str | None = None,
-                   tune: bool | None = None) -> BenchmarkSpec:
-    """The benchmark file at ``path`` (:func:`parse_benchmark`)."""
-    return parse_benchmark(read_toml_file(path, "benchmark"), str(path), Path(path).parent, quick, subset, tune)
+def cell_payload(spec: BenchmarkSpec, level: Mapping[str, Any], fraction: float, defense: Defense,
+                 method: Mapping[str, Any], attack: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config of one combination, every seed: the file's base, the level's task
+    options (and the benchmark's validation split, unless the task or level sets one),
+    the defense's run length, the Byzantine fraction, the attack and the candidate
+    method.  An attacked run evaluates at its start and end only: verdicts read its
+    final metrics, and only the clean runs' curves (convergence)."""
+    payload = copy.deepcopy(spec.base)
+    task = {**payload.get("task", {}), **{k: v for k, v in level.items() if k != "label"}}
+    if spec.benchmark.validation_per_client is not None:
+        task.setdefault("validation_per_client", spec.benchmark.validation_per_client)
+    payload["task"] = task
+    payload["rounds"] = rounds = spec.rounds_of(defense)
+    if fraction > 0:
+        payload["byzantine"] = {"fraction": fraction}
+        payload["eval_every"] = rounds  # only the clean runs' curves are read (convergence)
+    payload["attack"] = copy.deepcopy(dict(attack))
+    payload["methods"] = [copy.deepcopy(dict(method))]
+    return payload
