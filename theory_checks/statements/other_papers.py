@@ -70,7 +70,7 @@ def check_cgpfl_thm1_exact(budget: Budget, seed: int = 0) -> CheckResult:
             f"(measured delta^2 / rho_Omega^2 at most {EXACT_SOLVE_TOLERANCE:g}, read as 0); beta at "
             f"{settings['step_share']:g} of the theorem's limit; horizons from {min(settings['horizons'])}, past the "
             f"transient where the stationarity measure has not yet started its geometric fall; "
-            f"{settings['kmeans_restarts']} k-means++ seedings a round (the clusters share their data); the bound's "
+            f"k-means++ seedings a round: {settings['kmeans_restarts']} (a cluster's clients share their data); the bound's "
             f"own slope over the sweep is {study.findings['bound_slope_over_sweep']:+.2f}")
     return rate_result("cgpfl-thm1-exact", study, note)
 
