@@ -29,6 +29,10 @@ from theory_checks.statements.false_claims import two_point_margin
 from theory_checks.statements.rates import rate_result
 from theory_checks.statements.search import TOLERANCE, exact_verdict
 
+# the module reads the separated family's session fixture: one pytest-xdist worker
+# computes it for these and the family's own test (pyproject: --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("separated_mc_study")
+
 SIZE_FIELDS = {field.name for field in fields(SeparatedSizes)}
 
 # -- a rate: Thm 3.4 on the one-sided separated family ---------------------------------------

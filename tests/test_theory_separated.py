@@ -97,6 +97,7 @@ def test_the_anchored_cluster_starts_at_a_fixed_height_and_the_runner_far_up(met
         assert height - eta * horizon >= sizes.margin  # the runner stays up its ramp for T rounds
 
 
+@pytest.mark.xdist_group("separated_mc_study")
 def test_thm34_on_the_separated_family_holds_with_a_violated_control(separated_mc_study):
     """On the family built for it (four horizons, two repeats here; the quick budget at
     seeds 0-7 in the slow test below) every hypothesis holds, the bound holds, and a
