@@ -176,14 +176,15 @@ def test_a_misspelt_plugin_an_unknown_attack_and_a_bad_field_are_one_report(tmp_
     and the attack's name, which the plug-in might have registered, is named as not
     checked; once the path is right (a plug-in registering nothing) the same report
     names the unknown attack, so the first one said what the next run would check."""
-    (tmp_path / "my_attack.py").write_text("# registers nothing\n")
-    data = {"plugins": ["my_atack.py"], "attack": {"name": "bitflip"}, "rounds": 0, "methods": [{"name": "fc"}]}
+    # a name no other test imports: a plug-in stays in sys.modules for the worker's later tests
+    (tmp_path / "stage_check_plugin.py").write_text("# registers nothing\n")
+    data = {"plugins": ["stage_check_plugn.py"], "attack": {"name": "bitflip"}, "rounds": 0, "methods": [{"name": "fc"}]}
     with pytest.raises(ConfigError) as info:
         parse_and_validate(data, base_dir=tmp_path)
     assert named_fields(info.value) == ["plugins[0]", "rounds"]
     assert skipped_fields(info.value) == {"attack.name": "the plug-ins did not load"}
-    assert "my_atack.py" in str(info.value)
-    data["plugins"] = ["my_attack.py"]
+    assert "stage_check_plugn.py" in str(info.value)
+    data["plugins"] = ["stage_check_plugin.py"]
     with pytest.raises(ConfigError) as info:
         parse_and_validate(data, base_dir=tmp_path)
     assert named_fields(info.value) == ["rounds", "attack.name"] and skipped_fields(info.value) == {}
