@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -27,27 +28,51 @@ def kmeans_plus_plus(points: Tensor, k: int, generator: torch.Generator) -> Tens
     if not bool(admissible.any()):
         return torch.zeros(k, points.shape[-1], dtype=points.dtype, device=points.device)
     rows = None if bool(admissible.all()) else admissible.nonzero().squeeze(-1)
+    return _seed(points, rows, k, generator)
+
+
+def _seed(points: Tensor, rows: Tensor | None, k: int, generator: torch.Generator) -> Tensor:
+    """:func:`kmeans_plus_plus` on the rows ``rows`` of ``points`` (all when ``None``),
+    every one of them admissible."""
     count = points.shape[0] if rows is None else rows.numel()
+    distances = _distances_to(points, rows)
 
     def candidate(index: int) -> Tensor:
         return points[index if rows is None else int(rows[index])].double()
 
     first = torch.randint(count, (1,), generator=generator, device=generator.device)
     chosen = [candidate(first.item())]
-    closest = _squared_distances(points, rows, chosen[0])
+    closest = distances(chosen[0])
     for _ in range(1, k):
         weights = torch.nan_to_num(closest, posinf=1e300).clamp(0, 1e300)
-        if float(weights.sum()) <= 0:
+        total = weights.sum()
+        if float(total) <= 0:
             index = torch.randint(count, (1,), generator=generator, device=generator.device).item()
         else:
-            index = torch.multinomial(weights / weights.sum(), 1, generator=generator).item()
+            index = torch.multinomial(weights / total, 1, generator=generator).item()
         chosen.append(candidate(index))
-        closest = torch.minimum(closest, _squared_distances(points, rows, chosen[-1]))
+        closest = torch.minimum(closest, distances(chosen[-1]))
     return torch.stack(chosen).to(points.dtype)
 
 
 # Rows per block of :func:`_squared_distances`: about 8 MB of float64, kept in cache.
 _BLOCK_BYTES = 8 << 20
+
+
+def _distances_to(points: Tensor, rows: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """``centre -> ||x - centre||^2`` (float64) over the rows ``rows`` of ``points``.
+    Rows that fit in one block are converted to float64 once, for every centre (the
+    values are the one-block values of :func:`_squared_distances`); more go block by
+    block, never copied whole."""
+    count = points.shape[0] if rows is None else rows.numel()
+    if count < 2 or count > _block_rows(points.shape[-1]):
+        return lambda centre: _squared_distances(points, rows, centre)
+    wide = (points if rows is None else points.index_select(0, rows)).double()
+    return lambda centre: (wide - centre).pow_(2).sum(-1)
+
+
+def _block_rows(dim: int) -> int:
+    return max(2, _BLOCK_BYTES // (8 * max(dim, 1)))
 
 
 def _squared_distances(points: Tensor, rows: Tensor | None, centre: Tensor) -> Tensor:
@@ -57,7 +82,7 @@ def _squared_distances(points: Tensor, rows: Tensor | None, centre: Tensor) -> T
     The values are those of ``(points[rows].double() - centre).pow(2).sum(-1)``."""
     count = points.shape[0] if rows is None else rows.numel()
     dim = points.shape[-1]
-    step = max(2, _BLOCK_BYTES // (8 * max(dim, 1)))
+    step = _block_rows(dim)
     out = torch.empty(count, dtype=torch.float64, device=points.device)
     buffer = scratch("kmeans++", (min(step, count), dim), centre)
     for start in range(0, count, step):
@@ -103,7 +128,7 @@ def kmeans(points: Tensor, k: int, generator: torch.Generator, restarts: int = 1
     x = points[rows].double()
     best: tuple[float, Tensor, Tensor, Tensor] | None = None
     for _ in range(restarts):
-        centres = kmeans_plus_plus(x, k, generator)
+        centres = _seed(x, None, k, generator)
         assigned = euclidean_distances(x, centres).argmin(-1)
         for _ in range(iterations):
             means, sizes = group_mean(x, assigned, k)

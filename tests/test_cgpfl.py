@@ -15,6 +15,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attacks
 import defenses
@@ -25,7 +27,7 @@ from defenses.cgpfl import (
     heuristic_clusters,
     heuristic_scores,
 )
-from defenses.kmeans_init import kmeans
+from defenses.kmeans_init import _distances_to, _squared_distances, kmeans
 from robust_pfl import Federation
 from robust_pfl.engine.data import ClientData
 from robust_pfl.engine.metrics import adjusted_rand_index
@@ -100,6 +102,19 @@ def test_kmeans_plus_plus_recovers_well_separated_clusters_and_ignores_inadmissi
     assert adjusted_rand_index(truth, result.labels[: truth.numel()]) == 1.0
     assert result.labels[truth.numel():].tolist() == [-1, -1]
     assert torch.isfinite(result.centres).all()
+
+
+@settings(deadline=None, max_examples=60)
+@given(rows=st.integers(1, 40), dim=st.integers(1, 9), seed=st.integers(0, 10_000), some=st.booleans(),
+       wide=st.booleans())
+def test_kmeans_seeding_distances_equal_the_blocked_ones_bit_for_bit(rows, dim, seed, some, wide):
+    """The seeding converts rows that fit in one block to float64 once: its distances are
+    the blocked ones' exactly, for every row subset and dtype, so seeding is unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    points = (torch.randn(rows, dim, generator=g, dtype=F64) * 1e3).to(F64 if wide else torch.float32)
+    chosen = torch.randperm(rows, generator=g)[: max(1, rows // 2)].sort().values if some else None
+    centre = torch.randn(dim, generator=g, dtype=F64)
+    assert torch.equal(_distances_to(points, chosen)(centre), _squared_distances(points, chosen, centre))
 
 
 def hand_federation(inputs_dim: int = 2, clients: int = 4, byzantine=(), attack=None, samples: int = 3) -> Federation:

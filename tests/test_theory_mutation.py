@@ -110,6 +110,10 @@ def test_a_bound_ten_times_too_tight_survives_as_a_constant_ten_times_larger(mc_
     ("L left out", lambda c: mc_formula({**c, "L": np.ones_like(c["L"])}), "fails"),
     # a bound growing like T^+1/2 is met by the frozen model and every clustering control
     ("a bound growing like T^+1/2", lambda c: mc_formula(c) * (c["T"] / 64.0), "vacuous"),
+    # a 1/K factor (as if the error shrank with the number of clusters): flat along K
+    ("a 1/K factor", lambda c: mc_formula(c) / c["K"], "fails"),
+    # a 1/Delta factor on the whole bound: the error falls far slower along Delta
+    ("a 1/Delta factor", lambda c: mc_formula(c) / c["separation"], "fails"),
 ])
 def test_a_slip_in_the_formula_turns_the_status(mc_study, name, formula, expected):
     assert judged(reformulated(mc_study, formula)) == expected, name
@@ -122,6 +126,28 @@ def test_a_formula_without_its_f0_fails_through_the_f0_sweep(mc_study):
                                    reformulated(mc_study, lambda c: mc_formula({**c, "F0": np.ones_like(c["F0"])}))))
     assert result.verdicts["T"].verdict != "fails"
     assert "dependence on F0 is wrong" in result.counterexample["reason"]
+
+
+@pytest.mark.parametrize("constant, key, mutate", [
+    ("K", "K", lambda c: mc_formula(c) / c["K"]),
+    ("Delta", "separation", lambda c: mc_formula(c) / c["separation"]),
+])
+def test_a_wrong_dependence_on_k_or_delta_fails_through_its_own_sweep(mc_study, constant, key, mutate):
+    """K and Delta are fixed along T: only their instance sweeps can see a wrong
+    dependence on them, and the failure names the constant."""
+    result = finalised(rate_result("thm3.4-separated", reformulated(mc_study, mutate)))
+    assert result.status == "fails" and result.verdicts["T"].verdict != "fails"
+    assert f"dependence on {constant} is wrong" in result.counterexample["reason"]
+
+
+@pytest.mark.parametrize("factor", ["delta", "1/delta"])
+def test_a_power_of_delta_survives_as_delta_is_bounded(mc_study, factor):
+    """The surviving mutation of delta_0 (docs/theory_checks.md): delta_0 <= 1, and the
+    separation hypothesis keeps it above rho / Delta, so along the delta sweep a ratio
+    that grows is covered by the constant and one that falls is a loose bound."""
+    mutated = reformulated(mc_study, (lambda c: mc_formula(c) * c["delta"]) if factor == "delta"
+                           else (lambda c: mc_formula(c) / c["delta"]))
+    assert judged(mutated) == "holds_with_constant"
 
 
 @pytest.mark.parametrize("assignment", sorted(ASSIGNMENTS))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -22,7 +23,7 @@ from theory_checks.scaling import (
     mc_rate_study,
     two_point_random_start,
 )
-from theory_checks.scaling_rate_problem import learning_rate, rate_problem, shared_cluster_data
+from theory_checks.scaling_rate_problem import RATE_BUDGETS, learning_rate, rate_problem, shared_cluster_data
 from theory_checks.statements import rates as rate_statements
 from theory_checks.statements.registry import STATEMENTS
 
@@ -399,14 +400,39 @@ def test_thm31_clustering_controls_estimate_half_the_separation_squared():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["thm3.3", "thm3.4"])
 def test_quick_rate_checks(name):
+    """At the quick budget both are decided by their unmet hypotheses; Thm 3.4 then
+    leaves out its attacked sweep and its quantile-radius runs, and says so."""
     result = STATEMENTS[name].check("quick")
     assert result.status == "hypotheses_unmet"
-    assert set(result.exponents) == ({"T"} if name == "thm3.3" else {"T", "T_attacked"})
+    assert set(result.exponents) == {"T"}
     law, claimed = result.exponents["T"]
     assert claimed == -0.5
     if name == "thm3.3":
         assert law.exponent < 0  # the average squared gradient falls with T
-    else:  # at the theorem's fixed radius the warm-started centres merge or lose their points
-        rows = result.details["findings"]["quantile_radius"]
-        largest = rows[max(rows, key=lambda key: int(key.split("=")[1]))]
-        assert largest["quantile_radius_mean_error"] < largest["theory_radius_mean_error"]
+    else:
+        assert "not run at this budget" in result.details["notes"]
+        assert result.details["findings"]["quantile_radius"] == {}
+
+
+@pytest.mark.slow
+def test_thm34_quick_sizes_with_every_run():
+    """The quick sizes with the attacked sweep and the quantile radius kept: at the
+    theorem's fixed radius the warm-started centres merge or lose their points, so the
+    quantile radius does better; the hypotheses are unmet either way."""
+    study = mc_rate_study(sizes=dataclasses.replace(RATE_BUDGETS["quick"], extras_when_unmet=True))
+    assert set(study.laws) == {"T", "T_attacked"}
+    assert not all(hypothesis.holds for hypothesis in study.hypotheses)
+    rows = study.findings["quantile_radius"]
+    largest = rows[max(rows, key=lambda key: int(key.split("=")[1]))]
+    assert largest["quantile_radius_mean_error"] < largest["theory_radius_mean_error"]
+
+
+def test_thm34_stops_at_unmet_hypotheses_only_where_its_sizes_say_so():
+    """The tiny sizes' hypotheses are unmet: with ``extras_when_unmet`` off the study has
+    the clean sweep alone, its rows equal to the full study's clean rows."""
+    every = mc_rate_study(sizes=TINY_RATES, seed=0)
+    stopped = mc_rate_study(sizes=dataclasses.replace(TINY_RATES, extras_when_unmet=False), seed=0)
+    assert not all(hypothesis.holds for hypothesis in stopped.hypotheses)
+    assert set(stopped.laws) == {"T"} and set(every.laws) == {"T", "T_attacked"}
+    assert stopped.rows == [row for row in every.rows if row["variable"] == "T"]
+    assert stopped.findings["quantile_radius"] == {} and every.findings["quantile_radius"]

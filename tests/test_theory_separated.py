@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.objectives import Objective
 from theory_checks import bounds
-from theory_checks.separated_instance import RampObjective, SeparatedSizes, separated_problem
+from theory_checks.separated_instance import RampObjective, SeparatedSizes, ramp_directions, separated_problem
 from theory_checks.statements import run_checks
 from theory_checks.statements.workshop import proof_radius_conditions
 
@@ -27,7 +27,8 @@ def _ramp_case(seed: int, sharpness: float):
     start = torch.randn(dim, generator=generator, dtype=torch.float64)
     objective = RampObjective(start, sharpness)
     inputs = torch.randn(clients, samples, 2 * dim, generator=generator, dtype=torch.float64)
-    batch = Batch(inputs, torch.zeros(clients, samples, dtype=torch.float64))
+    slopes = 0.25 + 4 * torch.rand(clients, samples, 1, generator=generator, dtype=torch.float64)
+    batch = Batch(torch.cat([inputs, slopes], dim=-1), torch.zeros(clients, samples, dtype=torch.float64))
     params = 3 * torch.randn(clients, dim, generator=generator, dtype=torch.float64)
     return objective, batch, params
 
@@ -95,6 +96,77 @@ def test_the_anchored_cluster_starts_at_a_fixed_height_and_the_runner_far_up(met
         assert start[0] == sizes.anchor
         assert height == pytest.approx(sizes.headroom * eta * horizon + sizes.margin)
         assert height - eta * horizon >= sizes.margin  # the runner stays up its ramp for T rounds
+
+
+@settings(deadline=None, max_examples=25)
+@given(clusters=st.integers(2, 5), slope=st.floats(0.25, 4.0), runners=st.one_of(st.none(), st.integers(1, 9)))
+def test_the_family_with_k_clusters_a_steeper_runner_and_fewer_runner_clients(clusters, slope, runners):
+    """The swept constants as the family builds them: K ramps, u_0 = e_1 and u_k = (e_{k+1}
+    - e_1) / sqrt 2 (each opposed to u_0 at 135 degrees, the runners a unit apart); the
+    anchored cluster's n_0 clients and K - 1 runner clusters of ``runners`` clients
+    each (by default sharing n_0 clients, delta_0 = 1/2); every runner starts c (h eta T
+    + m) up its ramp with slope c there; sigma does not move with K."""
+    base = SeparatedSizes(noise=0.3)
+    sizes = SeparatedSizes(noise=0.3, clusters=clusters, slope=slope,
+                           runner_clients=runners if runners is not None or 8 % (clusters - 1) == 0 else 1)
+    problem = separated_problem(sizes)
+    directions = ramp_directions(sizes.dim, clusters)
+    gram = directions @ directions.T
+    torch.testing.assert_close(torch.diagonal(gram), torch.ones(clusters, dtype=torch.float64))
+    torch.testing.assert_close(gram[0, 1:], torch.full((clusters - 1,), -math.sqrt(0.5), dtype=torch.float64))
+    apart = ~torch.eye(clusters - 1, dtype=torch.bool)
+    runners_gram = gram[1:, 1:][apart]  # ||u_j - u_k||^2 = 2 - 2 <u_j, u_k> = 1
+    torch.testing.assert_close(runners_gram, torch.full_like(runners_gram, 0.5))
+    counts = torch.bincount(problem.cluster_ids, minlength=clusters)
+    assert int(counts[0]) == sizes.clients_per_cluster
+    assert all(int(c) == sizes.clients_per_runner for c in counts[1:])
+    assert problem.cluster_fraction == pytest.approx(8 / (8 + (clusters - 1) * sizes.clients_per_runner))
+    assert problem.sample_sigma == separated_problem(base).sample_sigma
+    eta = problem.learning_rate("mc", 64)
+    start = problem.start(64, eta)
+    heights = directions[1:] @ start
+    torch.testing.assert_close(heights, torch.full((clusters - 1,), slope * (1.5 * eta * 64 + 4.0),
+                                                   dtype=torch.float64))
+    objective = problem.federation(64, 0, eta).objective
+    gradients = objective.paired_gradients(start.expand(problem.cluster_ids.numel(), -1), problem.train)
+    runner_slopes = gradients[problem.cluster_ids > 0].norm(dim=-1)
+    assert float(runner_slopes.min()) >= slope / (1 + math.exp(-4.0)) - 1e-12  # c sigmoid(s m) at least
+    assert float(runner_slopes.max()) <= slope + 1e-12
+
+
+@pytest.mark.parametrize("slope", [0.5, 1.0, 4.0])
+def test_a_steeper_ramp_keeps_the_curvature_at_most_s_over_4(slope):
+    """c^2 softplus(s h / c) / s: second derivative s sigmoid (1 - sigmoid) along u, s/4
+    at h = 0 whatever c; first derivative c sigmoid(s h / c), so c far up."""
+    sharpness = 2.0
+    objective = RampObjective(torch.zeros(2, dtype=torch.float64), sharpness)
+    inputs = torch.tensor([[1.0, 0.0, 0.0, 0.0, slope]], dtype=torch.float64)
+
+    def loss(height: torch.Tensor) -> torch.Tensor:
+        return objective.loss(torch.stack([height, torch.zeros((), dtype=torch.float64)]), inputs, None)
+
+    zero = torch.zeros((), dtype=torch.float64)
+    curvature = torch.autograd.functional.hessian(loss, zero)
+    assert float(curvature) == pytest.approx(sharpness / 4, rel=1e-12)
+    far = torch.tensor(60.0 * slope, dtype=torch.float64)
+    assert float(torch.autograd.functional.jacobian(loss, far)) == pytest.approx(slope, rel=1e-12)
+
+
+@pytest.mark.xdist_group("separated_mc_study")
+def test_the_instance_sweeps_cover_every_constant_of_the_bound(separated_mc_study):
+    """The seven constants of the issue (sigma, F_0, L, n_i, Delta, delta_i, K) each at
+    three admissible values, Delta, delta_0 and K at the values the family builds (the
+    separation measured on the runs), and one constant fitting every instance within
+    the spread the report prints; with its clustering right, the anchored clients' error
+    does not depend on the other clusters (the K sweep, at delta_0 = 1/2, is flat)."""
+    sweeps = {sweep.variable: sweep for sweep in separated_mc_study.constant_sweeps}
+    assert set(sweeps) == {"sigma", "F0", "L", "n", "Delta", "delta", "K"}
+    assert all(len(s.values) == 3 and all(s.admissible) for s in sweeps.values())
+    assert sweeps["K"].values == (2.0, 3.0, 5.0)
+    assert sweeps["delta"].values == pytest.approx((1 / 2, 2 / 3, 4 / 5))
+    assert sweeps["Delta"].values == pytest.approx((1.0, 2.0, 4.0), rel=0.02)
+    assert all(s.verdict(0).verdict == "holds" for s in sweeps.values())
+    np.testing.assert_allclose(sweeps["K"].errors[1:], sweeps["K"].errors[[0, 0]], rtol=1e-9)
 
 
 @pytest.mark.xdist_group("separated_mc_study")

@@ -21,8 +21,8 @@ clustering on the same instances, and must violate a bound about clustering.
 
 The formula, not only its exponent.  The bounds hide an absolute constant, the same
 for every admissible instance, so the instance's constants (``sigma``, ``F_0``,
-``L``, ``n_i``: :data:`SWEPT_CONSTANTS`) are swept over three values each at one
-horizon; the ratio error / bound must not grow along any of them.  Every
+``L``, ``n_i``, ``Delta``, ``delta_i``, ``K``: :data:`SWEPT_CONSTANTS`) are swept over
+three values each at one horizon; the ratio error / bound must not grow along any of them.  Every
 method runs at the radius ``sqrt(delta sqrt(alpha) rho Delta)`` of Thm 3.4 (A.5) and
 eq. (27)'s rounds: the workshop's proof prints its radius as ``tau^2 = sqrt(delta
 (c^2 + rho^2)) Delta / rho`` (A.1, line 263), which has the units of a length, not of
@@ -60,8 +60,6 @@ from theory_checks.scaling_rates import (
     run_hypotheses,
 )
 from theory_checks.separated_instance import (
-    CLUSTERS,
-    NOMINAL_SEPARATION,
     SEPARATED_BUDGETS,
     Method,
     SeparatedProblem,
@@ -79,7 +77,7 @@ def mc_formula(c: Mapping[str, np.ndarray]) -> np.ndarray:
 
 def pfl_tc_formula(c: Mapping[str, np.ndarray]) -> np.ndarray:
     """The workshop's eq. (4) with ``C = 1``."""
-    return bounds.workshop_pfl_rate(c["L"], c["F0"], c["rho"], c["n"], CLUSTERS, c["separation"], c["T"])
+    return bounds.workshop_pfl_rate(c["L"], c["F0"], c["rho"], c["n"], c["K"], c["separation"], c["T"])
 
 
 def pdl_tc_formula(c: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -95,24 +93,31 @@ BOUNDS: dict[Method, tuple[str, Formula, float]] = {
 }
 FROZEN = "a frozen model (x stays at x_0: the anchored clients never descend)"
 #: Each swept constant's name among the bound's arguments.
-CONSTANT_KEYS = {"sigma": "rho", "F0": "F0", "L": "L", "n": "n"}
-#: Constants the hypotheses bound: delta_i Delta / rho >= 1 caps sigma at delta_i Delta sqrt(b).
-BOUNDED_CONSTANTS = frozenset({"sigma"})
+CONSTANT_KEYS = {"sigma": "rho", "F0": "F0", "L": "L", "n": "n", "Delta": "separation", "delta": "delta", "K": "K"}
+#: Constants the hypotheses bound: delta_i Delta / rho >= 1 caps sigma at delta_i Delta sqrt(b),
+#: and delta_i <= 1.
+BOUNDED_CONSTANTS = frozenset({"sigma", "delta"})
 #: The instance's constants swept beside ``T`` (at :attr:`SeparatedSizes.instance_horizon`),
 #: one at a time, each by factors of the size behind it (sigma: the noise; F_0: the
-#: anchor a; L: the sharpness; n_i: the clients per cluster); the sweep's variable is
-#: the constant as the bound reads it (sigma per sample, F_0, L, n_i).  Noise only goes
-#: down: at twice the base noise the separation hypothesis (delta_i Delta / rho >= 1)
-#: fails.  ``L`` is swept at a fixed ``F_0`` (the anchor moved to keep it); the family
-#: is scale-invariant (``y = s x`` maps sharpness ``s`` and anchor ``a`` to sharpness 1
-#: and anchor ``s a``, with ``s eta`` unchanged), so its runs see ``L`` and ``F_0`` only
-#: through ``L F_0``, as eq. (28) does.  K = 2 and delta_i = 1/2 are fixed by the
-#: family's construction, and Delta by the runner's unit slope.
+#: anchor a; L: the sharpness; n_i: the clients per cluster; Delta: the runners' slope;
+#: delta_i: the runner clusters' clients, 8, 4 and 2 beside the anchored 8; K: the
+#: runner clusters, 1, 2 and 4, sharing 8 clients so that delta_0 stays 1/2); the
+#: sweep's variable is the constant as the bound reads it (sigma per sample, F_0, L,
+#: n_i, the smallest gradient separation the runs visited, delta_0, K).  Noise only
+#: goes down, Delta and delta_0 only up: the other way the separation hypothesis
+#: (delta_i Delta / rho >= 1) fails within a factor of two.  ``L`` is swept at a fixed
+#: ``F_0`` (the anchor moved to keep it); the family is scale-invariant (``y = s x``
+#: maps sharpness ``s`` and anchor ``a`` to sharpness 1 and anchor ``s a``, with ``s
+#: eta`` unchanged), so its runs see ``L`` and ``F_0`` only through ``L F_0``, as eq.
+#: (28) does.
 SWEPT_CONSTANTS: dict[str, tuple[float, ...]] = {
     "sigma": (0.25, 0.5, 1.0),
     "F0": (0.5, 1.0, 2.0),
     "L": (0.5, 1.0, 2.0),
     "n": (0.5, 1.0, 2.0),
+    "Delta": (1.0, 2.0, 4.0),
+    "delta": (1.0, 0.5, 0.25),
+    "K": (1.0, 2.0, 4.0),
 }
 
 
@@ -131,16 +136,23 @@ def swept_sizes(sizes: SeparatedSizes, name: str, factor: float) -> SeparatedSiz
         return replace(sizes, sharpness=sharpness, anchor=math.log(math.expm1(sharpness * gap)) / sharpness)
     if name == "n":
         return replace(sizes, clients_per_cluster=max(1, round(factor * sizes.clients_per_cluster)))
+    if name == "Delta":
+        return replace(sizes, slope=factor * sizes.slope)
+    if name == "delta":
+        return replace(sizes, runner_clients=max(1, round(factor * sizes.clients_per_runner)))
+    if name == "K":
+        return replace(sizes, clusters=1 + round(factor * (sizes.clusters - 1)))
     raise ValueError(f"unknown constant {name!r}: choose from {sorted(SWEPT_CONSTANTS)}")
 
 
 def bound_arguments(problem: SeparatedProblem, horizon: int, path: HorizonPaths) -> dict[str, float]:
     """The bound's arguments at one horizon: ``L``, the anchored cluster's ``F_0``, ``rho
-    = sigma / sqrt(b)`` with the largest spread visited, ``n_i`` and the smallest
-    gradient separation visited."""
+    = sigma / sqrt(b)`` with the largest spread visited, ``n_i``, the smallest gradient
+    separation visited, ``K`` and ``delta_0`` (which the bounds that do not name them
+    ignore)."""
     return {"T": float(horizon), "L": problem.smoothness, "F0": problem.optimality_gap(),
             "rho": math.sqrt(path.noise / problem.sizes.batch_size), "n": float(problem.sizes.clients_per_cluster),
-            "separation": path.separation}
+            "separation": path.separation, "K": float(problem.clusters), "delta": problem.cluster_fraction}
 
 
 @dataclass(frozen=True)
@@ -236,9 +248,11 @@ def assigned_errors(problem: SeparatedProblem, method: Method, assignment: Assig
         options = problem.clustering_options(method, horizon)
         for repeat in range(sizes.repeats):
             federation = problem.federation(horizon, seed * 1000 + repeat, float(options["lr"]))
-            groups = schedule(assignment, problem.cluster_ids, CLUSTERS, federation.rng(f"control-{assignment}"))
+            groups = schedule(assignment, problem.cluster_ids, problem.clusters,
+                              federation.rng(f"control-{assignment}"))
             first_alpha = options.get("first_alpha")
-            algorithm = AssignedMomentum(federation, float(options["lr"]), float(options["alpha"]), groups, CLUSTERS,
+            algorithm = AssignedMomentum(federation, float(options["lr"]), float(options["alpha"]), groups,
+                                         problem.clusters,
                                          first_alpha=None if first_alpha is None else float(first_alpha))
             errors[row, repeat] = anchored_error(algorithm, federation, horizon, problem.anchored)
     return errors
@@ -256,7 +270,7 @@ def _constant_sweep(name: str, sizes: SeparatedSizes, method: Method, formula: F
         problem = separated_problem(instance)
         runs = base if instance is sizes else horizon_runs(problem, method, horizon, seed)
         entry = bound_arguments(problem, horizon, runs.paths)
-        values.append({"sigma": problem.sample_sigma, "F0": entry["F0"], "L": entry["L"], "n": entry["n"]}[name])
+        values.append(problem.sample_sigma if name == "sigma" else entry[CONSTANT_KEYS[name]])
         errors.append(runs.errors)
         arguments.append(entry)
         admissible.append(all(h.holds for h in separated_hypotheses(problem, method, [runs])))
@@ -287,7 +301,7 @@ def _other_radii(problem: SeparatedProblem, method: Method, sizes: SeparatedSize
     alpha, rho = float(options["alpha"]), problem.batch_sigma
     lag = alpha * (1 - alpha)
     radii: dict[str, Any] = {
-        "eq213": math.sqrt(lag**2 + problem.cluster_fraction * rho * NOMINAL_SEPARATION),
+        "eq213": math.sqrt(lag**2 + problem.cluster_fraction * rho * problem.separation),
         "quantile": {"policy": "quantile", "q": problem.cluster_fraction / 2},
     }
     out = {}
