@@ -270,7 +270,7 @@ SEPARATED_NOTE = ("the one-sided separated family (theory_checks.separated_insta
                   "starts at a fixed height, so F_0 does not grow with T and the bound decays; each theorem's own "
                   "learning rate at that F_0; negative controls: a frozen model, and the method without its "
                   "clustering (no clustering, a wrong fixed partition, a random assignment each round); the "
-                  "instance's constants sigma, F_0, L and n_i swept at one horizon")
+                  "instance's constants sigma, F_0, L, n_i, Delta, delta_0 and K swept at one horizon")
 
 
 def separated_note(study: ScalingStudy) -> str:
