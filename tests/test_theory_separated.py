@@ -166,7 +166,8 @@ def test_the_instance_sweeps_cover_every_constant_of_the_bound(separated_mc_stud
     assert sweeps["delta"].values == pytest.approx((1 / 2, 2 / 3, 4 / 5))
     assert sweeps["Delta"].values == pytest.approx((1.0, 2.0, 4.0), rel=0.02)
     assert all(s.verdict(0).verdict == "holds" for s in sweeps.values())
-    np.testing.assert_allclose(sweeps["K"].errors[1:], sweeps["K"].errors[[0, 0]], rtol=1e-9)
+    # flat within 0.1% (a PFL-TC-like K^0.76 would be 36% from K = 2 to 3)
+    np.testing.assert_allclose(sweeps["K"].errors.mean(1)[1:], sweeps["K"].errors.mean(1)[[0, 0]], rtol=1e-3)
 
 
 @pytest.mark.xdist_group("separated_mc_study")
