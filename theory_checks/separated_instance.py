@@ -94,11 +94,17 @@ class RampObjective(Objective):
         """``[..., d]`` directions, ``[..., d]`` noise and ``[...]`` slopes."""
         return inputs[..., : self.dim], inputs[..., self.dim : 2 * self.dim], inputs[..., 2 * self.dim]
 
+    def _ramp(self, height: Tensor, slope: Tensor) -> Tensor:
+        """``c^2 softplus(s h / c) / s`` at heights ``h = <u, x>``."""
+        return slope.square() * softplus(self.sharpness * height / slope) / self.sharpness
+
+    def _ramp_slope(self, height: Tensor, slope: Tensor) -> Tensor:
+        """Its derivative along ``u``: ``c sigmoid(s h / c)``."""
+        return slope * torch.sigmoid(self.sharpness * height / slope)
+
     def loss(self, params: Tensor, inputs: Tensor, targets: Tensor) -> Tensor:
         direction, noise, slope = self._split(inputs)
-        height = direction @ params
-        ramp = slope.square() * softplus(self.sharpness * height / slope) / self.sharpness
-        return (ramp + noise @ params).mean()
+        return (self._ramp(direction @ params, slope) + noise @ params).mean()
 
     def init(self, count: int, generator: torch.Generator, dtype: torch.dtype) -> Tensor:
         return self.start.to(dtype).expand(count, -1).clone()
@@ -106,22 +112,19 @@ class RampObjective(Objective):
     def paired_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None,
                          blend: float | None = None) -> Tensor:
         direction, noise, slope = self._split(batch.inputs)  # [N, b, d], [N, b, d], [N, b]
-        height = torch.einsum("nbd,nd->nb", direction, params)
-        weight = slope * torch.sigmoid(self.sharpness * height / slope)
+        weight = self._ramp_slope(torch.einsum("nbd,nd->nb", direction, params), slope)
         gradients = (weight.unsqueeze(-1) * direction + noise).mean(1)
         return write_into(out, gradients, blend)
 
     def cross_gradients(self, params: Tensor, batch: Batch, out: Tensor | None = None) -> Tensor:
         direction, noise, slope = self._split(batch.inputs)  # [N, b, d], [N, b, d], [N, b]
-        height = torch.einsum("nbd,md->mnb", direction, params)  # [M, N, b]
-        weight = slope * torch.sigmoid(self.sharpness * height / slope)
+        weight = self._ramp_slope(torch.einsum("nbd,md->mnb", direction, params), slope)  # [M, N, b]
         gradients = torch.einsum("mnb,nbd->mnd", weight, direction) / direction.shape[1] + noise.mean(1)
         return write_into(out, gradients)
 
     def cross_losses(self, params: Tensor, batch: Batch) -> Tensor:
         direction, noise, slope = self._split(batch.inputs)
-        height = torch.einsum("nbd,md->mnb", direction, params)
-        ramp = slope.square() * softplus(self.sharpness * height / slope) / self.sharpness
+        ramp = self._ramp(torch.einsum("nbd,md->mnb", direction, params), slope)
         return (ramp + torch.einsum("nbd,md->mnb", noise, params)).mean(-1)
 
     def paired_losses(self, params: Tensor, batch: Batch) -> Tensor:
