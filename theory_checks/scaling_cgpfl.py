@@ -63,8 +63,8 @@ faster decrease of any cluster's gradient.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal, Mapping
 
 import numpy as np
 import torch
@@ -75,8 +75,8 @@ from defenses.cgpfl import CGPFL
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import RoundRecord
 from theory_checks.controls import rate_control
-from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
-from theory_checks.scaling_rate_problem import RATE_BUDGETS, federation_for, rate_problem
+from theory_checks.scaling_common import Budget, ConstantSweep, ScalingStudy, Sweep, assemble
+from theory_checks.scaling_rate_problem import RATE_BUDGETS, RateProblem, RateSizes, federation_for, rate_problem
 from theory_checks.types import Hypothesis
 
 
@@ -201,14 +201,32 @@ def _read_round(quadratics: Quadratics, models: Tensor, assignment: Tensor, pers
     return RoundState(total / k, float(models.square().sum()), total, float(objective), float(inexact))
 
 
-def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, seed: int = 0,
-                     solver: Solver = "sgd") -> ScalingStudy:
-    """CGPFL (``K`` = the task's 2) on the shared-data regression, every horizon of the
-    budget read from runs of the largest (repeat ``r``: federation seed ``1000 seed +
-    r``), against Thm 1's first bullet with constant 1; the personalised models found
-    by ``solver``."""
-    chosen = sizes or CGPFL_BUDGETS[solver][budget]
-    problem = rate_problem(RATE_BUDGETS[budget])
+@dataclass(frozen=True)
+class CGPFLInstance:
+    """One instance of the study: the regression, its quadratics, ``L_G`` and CGPFL's
+    options (the copy step at ``step_share`` of the theorem's limit)."""
+
+    problem: RateProblem
+    quadratics: Quadratics
+    smoothness: float
+    options: dict[str, Any]
+
+    @property
+    def ids(self) -> Tensor:
+        return self.problem.task.cluster_ids
+
+    @property
+    def clients(self) -> int:
+        return self.ids.numel()
+
+    @property
+    def clusters(self) -> int:
+        return int(self.ids.max()) + 1
+
+
+def cgpfl_instance(rates: RateSizes, chosen: CGPFLSizes) -> CGPFLInstance:
+    """The regression of ``rates`` with CGPFL's options for ``chosen``."""
+    problem = rate_problem(rates)
     inputs, targets = problem.train.inputs, problem.train.targets
     samples = inputs.shape[1]
     quadratics = Quadratics(inputs.transpose(1, 2) @ inputs / samples,
@@ -221,8 +239,22 @@ def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, 
     options = {"clusters": clusters, "lambda": chosen.lam, "lr": lr, "personal_lr": chosen.personal_lr,
                "local_rounds": chosen.local_rounds, "personal_steps": chosen.personal_steps, "alpha": 1.0,
                "kmeans_restarts": chosen.kmeans_restarts}
+    return CGPFLInstance(problem, quadratics, smoothness, options)
+
+
+def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, seed: int = 0,
+                     solver: Solver = "sgd") -> ScalingStudy:
+    """CGPFL (``K`` = the task's 2) on the shared-data regression, every horizon of the
+    budget read from runs of the largest (repeat ``r``: federation seed ``1000 seed +
+    r``), against Thm 1's first bullet with constant 1; the personalised models found
+    by ``solver``.  Under exact solves (the reading that decides the statement) the
+    instance is also swept at the smallest horizon (:data:`SWEPT_SIZES`)."""
+    chosen = sizes or CGPFL_BUDGETS[solver][budget]
+    rates = RATE_BUDGETS[budget]
+    instance = cgpfl_instance(rates, chosen)
+    clusters, clients, smoothness = instance.clusters, instance.clients, instance.smoothness
     horizon = max(chosen.horizons)
-    runs = [_run(problem, quadratics, options, horizon, seed * 1000 + repeat, solver)
+    runs = [_run(instance.problem, instance.quadratics, instance.options, horizon, seed * 1000 + repeat, solver)
             for repeat in range(chosen.repeats)]
     horizons = np.array(chosen.horizons, dtype=float)
     errors = np.array([[np.mean([s.gradient for s in run[:h]]) for run in runs] for h in chosen.horizons])
@@ -237,23 +269,10 @@ def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, 
     sweep = Sweep("T", tuple(float(h) for h in horizons), errors, tuple(float(r) for r in rhs), claimed)
     frozen = np.array([[run[0].gradient for run in runs] for _ in chosen.horizons])  # Omega never moves
     control = rate_control(FROZEN, horizons, frozen, rhs, claimed, seed=seed)
+    lr = float(instance.options["lr"])
     beta = lr * chosen.lam * clients / 2
-    step = beta * 2 * math.sqrt(chosen.local_rounds * (chosen.local_rounds + 1)) * smoothness
-    spread = _data_spread_within_clusters(quadratics, ids)
-    hypotheses = (
-        Hypothesis("beta <= 1/(2 sqrt(R(R+1)) L_G)", "beta 2 sqrt(R(R+1)) L_G <= 1, beta = lr lambda N / 2", step, 1.0,
-                   step <= 1.0, f"L_G = {smoothness:.3g}"),
-        Hypothesis("Assumption 2", "delta_G^2 finite: here 0, every client of a cluster holding its data (largest "
-                   "difference of H_i, b_i within a cluster, measured; rounding allowed)", spread, ROUNDING,
-                   spread <= ROUNDING, "the data"),
-        Hypothesis("Assumption 3 on the runs", "rho_Omega^2 and rho_g^2: the largest values visited (the bound "
-                   "uses them)", constants[-1]["rho_omega2"], constants[-1]["rho_omega2"], True, "every round"),
-    )
-    if solver == "exact":
-        hypotheses += (Hypothesis("Proposition 1 with delta = 0", "exact local solves: ||Theta~ - Theta^||^2 / N "
-                                  "over rho_Omega^2, measured at every round's last local iteration, is rounding",
-                                  rounding, EXACT_SOLVE_TOLERANCE, exact, "every round"),)
-    settings = {**asdict(chosen), **options, "L_G": smoothness, "beta": beta, "solver": solver,
+    hypotheses = _hypotheses(instance, chosen, constants[-1]["rho_omega2"], solver, rounding)
+    settings = {**asdict(chosen), **instance.options, "L_G": smoothness, "beta": beta, "solver": solver,
                 "N": clients, "K": clusters, "constants": constants, "seed": seed}
     last = constants[-1]
     cap = (last["rho_g2"] / clusters) / (52 * last["delta2"] / (clusters * clients)) if last["delta2"] > 0 else math.inf
@@ -261,7 +280,100 @@ def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, 
     findings = {"bound_slope_over_sweep": float(np.polyfit(np.log(horizons), np.log(rhs), 1)[0]), "ratio_cap": cap,
                 "floor_share_at_largest_T": float(floor_share),
                 "per_cluster_gradient_at_largest_T": float(errors[-1].mean()) * clusters**2}
-    return assemble("cgpfl-thm1", [sweep], settings, seed, findings, hypotheses, control)
+    sweeps = []
+    if solver == "exact":
+        smallest = min(chosen.horizons)
+        base = (errors[0], _arguments(instance, rates, chosen, constants[0], smallest),
+                all(h.holds for h in hypotheses))
+        sweeps = [_size_sweep(name, rates, chosen, seed, base) for name in SWEPT_SIZES]
+    return assemble("cgpfl-thm1", [sweep], settings, seed, findings, hypotheses, control, constant_sweeps=sweeps)
+
+
+def _hypotheses(instance: CGPFLInstance, chosen: CGPFLSizes, rho_omega2: float, solver: Solver,
+                rounding: float) -> tuple[Hypothesis, ...]:
+    """Thm 1's hypotheses on one instance's runs: the copy step, Assumption 2 (shared
+    data within a cluster), Assumption 3 (measured), and for exact solves Proposition 1
+    with ``delta = 0``."""
+    beta = float(instance.options["lr"]) * chosen.lam * instance.clients / 2
+    step = beta * 2 * math.sqrt(chosen.local_rounds * (chosen.local_rounds + 1)) * instance.smoothness
+    spread = _data_spread_within_clusters(instance.quadratics, instance.ids)
+    hypotheses = (
+        Hypothesis("beta <= 1/(2 sqrt(R(R+1)) L_G)", "beta 2 sqrt(R(R+1)) L_G <= 1, beta = lr lambda N / 2", step, 1.0,
+                   step <= 1.0, f"L_G = {instance.smoothness:.3g}"),
+        Hypothesis("Assumption 2", "delta_G^2 finite: here 0, every client of a cluster holding its data (largest "
+                   "difference of H_i, b_i within a cluster, measured; rounding allowed)", spread, ROUNDING,
+                   spread <= ROUNDING, "the data"),
+        Hypothesis("Assumption 3 on the runs", "rho_Omega^2 and rho_g^2: the largest values visited (the bound "
+                   "uses them)", rho_omega2, rho_omega2, True, "every round"),
+    )
+    if solver == "exact":
+        hypotheses += (Hypothesis("Proposition 1 with delta = 0", "exact local solves: ||Theta~ - Theta^||^2 / N "
+                                  "over rho_Omega^2, measured at every round's last local iteration, is rounding",
+                                  rounding, EXACT_SOLVE_TOLERANCE, rounding <= EXACT_SOLVE_TOLERANCE, "every round"),)
+    return hypotheses
+
+
+#: The sizes swept beside ``T`` under exact solves, one at a time, at the smallest
+#: horizon: the clients per cluster (``N``: ``x 1/2, 1, 2``), the optima's scale (which
+#: moves ``rho_Omega``, ``rho_g`` and ``Delta_G`` together) and the prox weight
+#: ``lambda`` (which moves ``L_G`` and the copy step).  None is one argument of the
+#: bound alone, so each sweep is judged by its error / bound ratio
+#: (:class:`~theory_checks.scaling_common.ConstantSweep`, ``covarying``).
+SWEPT_SIZES: dict[str, tuple[float, ...]] = {
+    "clients_per_cluster": (0.5, 1.0, 2.0),
+    "optimum_scale": (0.5, 1.0, 2.0),
+    "lambda": (0.5, 1.0, 2.0),
+}
+
+
+def cgpfl_formula(c: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Thm 1's first bullet with constant 1 (:func:`_bound`) at every entry of ``c``."""
+    count = len(c["T"])
+    return np.array([_bound({key: float(c[key][i]) for key in ("rho_omega2", "rho_g2", "Delta_G", "delta2")},
+                            float(c["L_G"][i]), int(c["K"][i]), int(c["N"][i]), int(c["R"][i]), float(c["T"][i]))
+                     for i in range(count)])
+
+
+def _arguments(instance: CGPFLInstance, rates: RateSizes, chosen: CGPFLSizes, constants: dict[str, float],
+               horizon: int) -> dict[str, float]:
+    """The bound's arguments on one instance at ``horizon``, with the swept sizes."""
+    return {**constants, "L_G": instance.smoothness, "K": float(instance.clusters), "N": float(instance.clients),
+            "R": float(chosen.local_rounds), "T": float(horizon), "clients_per_cluster": float(rates.clients_per_cluster),
+            "optimum_scale": rates.optimum_scale, "lambda": chosen.lam}
+
+
+def _size_sweep(name: str, rates: RateSizes, chosen: CGPFLSizes, seed: int,
+                base: tuple[np.ndarray, dict[str, float], bool]) -> ConstantSweep:
+    """One size of :data:`SWEPT_SIZES` over its values at the smallest horizon under
+    exact solves (the base value's runs are the T sweep's), each instance's hypotheses
+    measured on its own runs."""
+    horizon = min(chosen.horizons)
+    values, errors, arguments, admissible = [], [], [], []
+    for factor in SWEPT_SIZES[name]:
+        if factor == 1.0:
+            error, entry, holds = base
+        else:
+            scaled_rates, scaled = rates, chosen
+            if name == "clients_per_cluster":
+                scaled_rates = replace(rates, clients_per_cluster=max(1, round(factor * rates.clients_per_cluster)))
+            elif name == "optimum_scale":
+                scaled_rates = replace(rates, optimum_scale=factor * rates.optimum_scale)
+            else:
+                scaled = replace(chosen, lam=factor * chosen.lam)
+            instance = cgpfl_instance(scaled_rates, scaled)
+            runs = [_run(instance.problem, instance.quadratics, instance.options, horizon, seed * 1000 + repeat,
+                         "exact") for repeat in range(chosen.repeats)]
+            error = np.array([np.mean([s.gradient for s in run]) for run in runs])
+            constants = _constants(runs, horizon, instance.clusters)
+            rounding = constants["delta2"] / constants["rho_omega2"]
+            holds = all(h.holds for h in _hypotheses(instance, scaled, constants["rho_omega2"], "exact", rounding))
+            entry = _arguments(instance, scaled_rates, scaled, {**constants, "delta2": 0.0}, horizon)
+        values.append(entry[name])
+        errors.append(error)
+        arguments.append(entry)
+        admissible.append(holds)
+    return ConstantSweep.of(name, name, values, np.stack(errors), arguments, admissible, cgpfl_formula,
+                            covarying=True)
 
 
 def _run(problem, quadratics: Quadratics, options: dict[str, Any], horizon: int, seed: int,

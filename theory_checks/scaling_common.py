@@ -98,9 +98,17 @@ class ConstantSweep:
     constant grows), a variable that the hypotheses bound (``bounded``) never failing
     by growth.
 
-    ``key`` is the constant's name among the bound's arguments, ``arguments`` those
-    arguments at each value, ``admissible`` whether the theorem's hypotheses held there
-    (only those instances count), ``rhs`` the bound and ``claimed`` its exponent."""
+    Where the swept size is not itself one of the bound's arguments but moves several
+    of them at once (``covarying``: a data scale that moves every measured constant),
+    no one exponent of the formula is its claim; the sweep is then judged by the ratio
+    error / bound itself, which one hidden constant needs flat: its exponent along the
+    size against 0, by the same rule.
+
+    ``key`` is the constant's name among the bound's arguments (for a ``covarying``
+    sweep, the size's name in ``arguments``), ``arguments`` those arguments at each
+    value, ``admissible`` whether the theorem's hypotheses held there (only those
+    instances count), ``rhs`` the bound and ``claimed`` its exponent (0 for the ratio
+    of a ``covarying`` sweep)."""
 
     variable: str
     key: str
@@ -111,20 +119,21 @@ class ConstantSweep:
     rhs: tuple[float, ...]
     claimed: float
     bounded: bool = False
+    covarying: bool = False
 
     @classmethod
     def of(cls, variable: str, key: str, values: Sequence[float], errors: np.ndarray,
            arguments: Sequence[Mapping[str, float]], admissible: Sequence[bool], formula: Formula,
-           bounded: bool = False) -> "ConstantSweep":
+           bounded: bool = False, covarying: bool = False) -> "ConstantSweep":
         """The sweep with ``formula`` evaluated at its instances and its claimed exponent."""
         sweep = cls(variable, key, tuple(float(v) for v in values), np.asarray(errors, float), tuple(arguments),
-                    tuple(bool(a) for a in admissible), (), float("nan"), bounded)
+                    tuple(bool(a) for a in admissible), (), float("nan"), bounded, covarying)
         return sweep.with_formula(formula)
 
     def with_formula(self, formula: Formula) -> "ConstantSweep":
         """This sweep judged against ``formula``: its values and claimed exponent."""
-        return replace(self, rhs=tuple(float(v) for v in evaluate(formula, self.arguments)),
-                       claimed=tail_exponent(formula, self.arguments[-1], self.key))
+        claimed = 0.0 if self.covarying else tail_exponent(formula, self.arguments[-1], self.key)
+        return replace(self, rhs=tuple(float(v) for v in evaluate(formula, self.arguments)), claimed=claimed)
 
     def used(self) -> np.ndarray:
         return np.array(self.admissible, bool)
@@ -143,7 +152,7 @@ class ConstantSweep:
         """The error's exponent along the constant against the one the formula claims
         (:func:`theory_checks.verdicts.rate_verdict`): ``fails`` when the error grows
         faster in the constant than any multiple of the bound can follow."""
-        law = self.law(seed)
+        law = self.law(seed, of_ratio=self.covarying)
         if law is None:
             return RateVerdict("inconclusive", f"fewer than two admissible values of {self.variable}")
         return rate_verdict(law, self.claimed, self.bounded)
@@ -158,7 +167,7 @@ class ConstantSweep:
                 "rhs": list(self.rhs), "ratios": [float(m / r) if r > 0 else float("inf")
                                                   for m, r in zip(means, self.rhs)],
                 "admissible": list(self.admissible), "arguments": [dict(a) for a in self.arguments],
-                "claimed": self.claimed, "bounded": self.bounded,
+                "claimed": self.claimed, "bounded": self.bounded, "covarying": self.covarying,
                 "exponent": None if law is None else law.exponent,
                 "interval": None if law is None else [law.low, law.high],
                 "ratio_exponent": None if ratio is None else ratio.exponent,

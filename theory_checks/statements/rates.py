@@ -154,9 +154,10 @@ def instances_text(study: ScalingStudy, verdicts: dict[str, Any]) -> str:
     seed = int(study.settings.get("seed", 0))
     parts = []
     for sweep in study.constant_sweeps:
-        law = sweep.law(seed)
+        law = sweep.law(seed, of_ratio=sweep.covarying)
         slope = "undecided" if law is None else f"{law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}]"
-        parts.append(f"{sweep.variable} {slope} vs {sweep.claimed:+.2f} ({verdicts[sweep.variable].verdict})")
+        what = f"{sweep.variable} (error / bound)" if sweep.covarying else sweep.variable
+        parts.append(f"{what} {slope} vs {sweep.claimed:+.2f} ({verdicts[sweep.variable].verdict})")
     spread = constant_spread(study.constant_sweeps)
     return (f"across instances error / bound spreads {spread:.3g}x; the error's exponent along " + ", ".join(parts))
 
