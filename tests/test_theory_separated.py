@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.objectives import Objective
 from theory_checks import bounds
+from theory_checks.controls import finalised
+from theory_checks.scaling_common import reformulated
 from theory_checks.separated_instance import RampObjective, SeparatedSizes, ramp_directions, separated_problem
 from theory_checks.statements import run_checks
 from theory_checks.statements.workshop import proof_radius_conditions
@@ -270,15 +272,47 @@ def test_cgpfl_prox_minimiser_zeroes_the_regularised_gradient():
 
 
 def test_cgpfl_cluster_gradient_by_hand():
-    """1-D, H = 1, b = 0, lambda = 1: theta^(omega) = omega / 2, so each client adds
-    (2/N)(omega - omega/2) = omega / N to its cluster's gradient; G = (1/N) sum (omega/2)^2."""
+    """1-D, H = 1, b = 0, lambda = 1, N = 3: theta^(omega) = omega / 2, so G_i(omega) =
+    (omega/2)^2 / 3 with gradient omega / 3, and G_k is the mean of its members' G_i
+    (the proof's [G_I P]_k): cluster 0 = {0, 1} at omega = 2 gives gradient 2/3 and
+    G_0 = 1/3; cluster 1 = {2} at omega = 4 gives gradient 4/3 and G_1 = 4/3."""
     from theory_checks.scaling_cgpfl import Quadratics, cluster_gradients
 
     quadratics = Quadratics(torch.ones(3, 1, 1, dtype=torch.float64), torch.zeros(3, 1, dtype=torch.float64), 1.0)
     models = torch.tensor([[2.0], [4.0]], dtype=torch.float64)
     gradients, objective = cluster_gradients(quadratics, models, torch.tensor([0, 0, 1]))
-    torch.testing.assert_close(gradients, torch.tensor([[2 * 2.0 / 3], [4.0 / 3]], dtype=torch.float64))
-    assert float(objective) == pytest.approx((1.0 + 1.0 + 4.0) / 3)
+    torch.testing.assert_close(gradients, torch.tensor([[2.0 / 3], [4.0 / 3]], dtype=torch.float64))
+    assert float(objective) == pytest.approx(1.0 / 3 + 4.0 / 3)
+
+
+def test_cgpfl_true_cluster_gradient_by_hand():
+    """The clustering controls' measure: on the true clusters, each cluster's model the
+    mean of the models its clients were sent.  1-D, H = 1, b = 0, lambda = 1, N = 4,
+    true clusters {0, 1}, {2, 3}.  Sent the true clusters' models it is the run's own
+    reading; all sent one model w = 2 (no clustering), each true cluster's model is w
+    and its gradient w / N = 1/2: (1/K)(1/4 + 1/4) = 1/4; clients 0 and 2 sent 2, 1 and
+    3 sent 6 (a wrong partition), each true cluster's model is 4: (1/K)(1 + 1) = 1."""
+    from theory_checks.scaling_cgpfl import Quadratics, cluster_gradients, true_cluster_gradient
+
+    quadratics = Quadratics(torch.ones(4, 1, 1, dtype=torch.float64), torch.zeros(4, 1, dtype=torch.float64), 1.0)
+    truth = torch.tensor([0, 0, 1, 1])
+    models = torch.tensor([[2.0], [6.0]], dtype=torch.float64)
+    own, _ = cluster_gradients(quadratics, models, truth)
+    assert true_cluster_gradient(quadratics, models, truth, truth) == pytest.approx(float(own.square().sum()) / 2)
+    assert true_cluster_gradient(quadratics, models, torch.zeros(4, dtype=torch.long), truth) == pytest.approx(0.25)
+    assert true_cluster_gradient(quadratics, models, torch.tensor([0, 1, 0, 1]), truth) == pytest.approx(1.0)
+
+
+def test_cgpfl_smoothness_is_the_cluster_mean_jacobian_by_hand():
+    """H_i = h I, lambda = 1 for every member: grad G_k(omega) = (2/N)(omega - (b +
+    omega)/(h + 1)) has Jacobian (2/N) h/(h + 1) I, whatever the cluster's size."""
+    from theory_checks.scaling_cgpfl import Quadratics
+
+    for size in (1, 2, 5):
+        hessians = 3.0 * torch.eye(2, dtype=torch.float64).expand(size, 2, 2).clone()
+        quadratics = Quadratics(hessians, torch.zeros(size, 2, dtype=torch.float64), 1.0)
+        members = torch.ones(size, dtype=torch.bool)
+        assert quadratics.jacobian_norm(members, 10) == pytest.approx(2 / 10 * 3 / 4)
 
 
 @pytest.mark.slow  # about 18 s of CGPFL training
@@ -333,7 +367,7 @@ def test_cgpfl_thm1_exact_decides_the_statement_and_its_mutations_fail():
     average gradient meets it, a frozen model breaks it (so the status is decided by
     the run, not by a floor), and the same measurements fail a bound decaying as
     T^-2 or a bound with its T^-1 term dropped (the floor-free bound is then 0)."""
-    from theory_checks.scaling_cgpfl import cgpfl_rate_study
+    from theory_checks.scaling_cgpfl import SWEPT_SIZES, cgpfl_formula, cgpfl_rate_study
     from theory_checks.scaling_common import rejudged
     from theory_checks.statements.rates import rate_result
 
@@ -343,12 +377,39 @@ def test_cgpfl_thm1_exact_decides_the_statement_and_its_mutations_fail():
     result = run_checks("quick", ["cgpfl-thm1-exact"])["cgpfl-thm1-exact"]
     assert result.status in ("holds_with_constant", "loose")
     assert result.negative_control is not None and result.negative_control.violated
+    assert len(result.clustering_controls) == 3 and all(c.violated for c in result.clustering_controls)
+    assert study.findings["rounds_off_true_clusters"] == [0]  # the controls' reading is CGPFL's own after round 0
     horizons = np.array([row["x"] for row in study.claimed_rhs])
     rhs = np.array([row["rhs"] for row in study.claimed_rhs])
     faster = rejudged(study, "T", rhs * horizons[0] / horizons, -2.0)
     assert rate_result("cgpfl-thm1-exact", faster).status == "fails"
     dropped = rejudged(study, "T", np.zeros_like(rhs), -1.0)
     assert rate_result("cgpfl-thm1-exact", dropped).status == "fails"
+    assert {sweep.variable for sweep in study.constant_sweeps} == set(SWEPT_SIZES)
+    assert all(all(sweep.admissible) and sweep.verdict(0).verdict == "holds" for sweep in study.constant_sweeps)
+    for key, sweep_name in (("N", "clients_per_cluster"), ("K", "K"), ("lambda", "lambda")):
+        mutated = finalised(rate_result("cgpfl-thm1-exact",
+                                        reformulated(study, lambda c, key=key: cgpfl_formula(c) / c[key])))
+        assert mutated.status == "fails" and mutated.verdicts["T"].verdict != "fails", key
+        assert f"dependence on {sweep_name} is wrong" in mutated.counterexample["reason"], key
+
+
+def test_cgpfl_exact_sweeps_see_a_bound_missing_its_dependence_on_the_clients():
+    """A small exact study (two horizons, three repeats): its instance sweeps are
+    admissible, the clients-per-cluster sweep does not fail the bound as stated, and a
+    bound divided by N (as if the error fell with the federation's size) fails through
+    that sweep, which names the constant; the T sweep cannot see it (N is fixed along T)."""
+    from theory_checks.scaling_cgpfl import CGPFLSizes, cgpfl_formula, cgpfl_rate_study
+    from theory_checks.statements.rates import rate_result
+
+    sizes = CGPFLSizes(horizons=(16, 32), repeats=3, step_share=0.99, kmeans_restarts=1)
+    study = cgpfl_rate_study("quick", sizes=sizes, seed=0, solver="exact")
+    by_name = {sweep.variable: sweep for sweep in study.constant_sweeps}
+    assert all(by_name["clients_per_cluster"].admissible)
+    assert by_name["clients_per_cluster"].verdict(0).verdict != "fails"
+    mutated = finalised(rate_result("cgpfl-thm1-exact", reformulated(study, lambda c: cgpfl_formula(c) / c["N"])))
+    assert mutated.status == "fails" and mutated.verdicts["T"].verdict != "fails"
+    assert "dependence on clients_per_cluster is wrong" in mutated.counterexample["reason"]
 
 # -- FedSPD, Thm 5.11 ----------------------------------------------------------------------------
 

@@ -48,9 +48,10 @@ def check_cgpfl_thm1(budget: Budget, seed: int = 0) -> CheckResult:
     note = (f"the bound's floor 52 delta^2 / (K N) is {findings['floor_share_at_largest_T']:.0%} of it at the largest "
             f"T, and caps the ratio of any run meeting Assumption 3 at rho_g^2 N / (52 delta^2) = "
             f"{findings['ratio_cap']:.3g}; the claimed exponent is the floor's (0) while delta > 0; the bound's own "
-            f"slope over the sweep is {findings['bound_slope_over_sweep']:+.2f}; (1/K)||grad G_K||^2 is 1/K^2 of a "
-            f"cluster's own squared gradient, the source of Remark 1's sqrt(K); delta is read at each round's last "
-            f"local iteration (a lower estimate: the true floor is at least as high)")
+            f"slope over the sweep is {findings['bound_slope_over_sweep']:+.2f}; G_k is the proof's [G_I P]_k, the "
+            f"mean of the cluster's G_i, so (1/K)||grad G_K||^2 is 4/N^2 times a centre's mean squared gap to its "
+            f"clients' prox points, the source of Remark 1's sqrt(K); delta is read at each round's last local "
+            f"iteration (a lower estimate: the true floor is at least as high)")
     return rate_result("cgpfl-thm1", study, note)
 
 
@@ -71,7 +72,13 @@ def check_cgpfl_thm1_exact(budget: Budget, seed: int = 0) -> CheckResult:
             f"{settings['step_share']:g} of the theorem's limit; horizons from {min(settings['horizons'])}, past the "
             f"transient where the stationarity measure has not yet started its geometric fall; "
             f"k-means++ seedings a round: {settings['kmeans_restarts']} (a cluster's clients share their data); the bound's "
-            f"own slope over the sweep is {study.findings['bound_slope_over_sweep']:+.2f}")
+            f"own slope over the sweep is {study.findings['bound_slope_over_sweep']:+.2f}; G_k is the proof's "
+            f"[G_I P]_k (the mean of the cluster's G_i: with eq. 2's per-cluster sums the step condition and the "
+            f"copies' mean disagree by the cluster's size, and error / bound grows with the clients per cluster); "
+            f"clients per cluster, K, the optima's scale and lambda are swept at T = {min(settings['horizons'])}, "
+            f"each judged by its error / bound ratio; the clustering controls (CGPFL's step with its k-means "
+            f"replaced) are read on the true clusters, which CGPFL's own clusters equal at every round but "
+            f"{study.findings['rounds_off_true_clusters']} (round 0: every client starts on model 0)")
     return rate_result("cgpfl-thm1-exact", study, note)
 
 

@@ -149,17 +149,23 @@ def bound_ratio_text(study: ScalingStudy) -> str:
 
 
 def instances_text(study: ScalingStudy, verdicts: dict[str, Any]) -> str:
-    """The constant across the instance sweep: its spread and the ratio's exponent along
-    each swept constant."""
+    """The constant across the instance sweep: its spread, the error's exponent along
+    each swept constant against the formula's, and for a co-varying size (one that
+    moves several of the bound's arguments) the exponent of error / bound against 0."""
     seed = int(study.settings.get("seed", 0))
-    parts = []
+    parts = {False: [], True: []}
     for sweep in study.constant_sweeps:
         law = sweep.law(seed, of_ratio=sweep.covarying)
         slope = "undecided" if law is None else f"{law.exponent:+.2f} [{law.low:+.2f}, {law.high:+.2f}]"
-        what = f"{sweep.variable} (error / bound)" if sweep.covarying else sweep.variable
-        parts.append(f"{what} {slope} vs {sweep.claimed:+.2f} ({verdicts[sweep.variable].verdict})")
+        parts[sweep.covarying].append(f"{sweep.variable} {slope} vs {sweep.claimed:+.2f} "
+                                      f"({verdicts[sweep.variable].verdict})")
     spread = constant_spread(study.constant_sweeps)
-    return (f"across instances error / bound spreads {spread:.3g}x; the error's exponent along " + ", ".join(parts))
+    texts = [f"across instances error / bound spreads {spread:.3g}x"]
+    if parts[False]:
+        texts.append("the error's exponent along " + ", ".join(parts[False]))
+    if parts[True]:
+        texts.append("the exponent of error / bound along " + ", ".join(parts[True]))
+    return "; ".join(texts)
 
 
 THM31_CLAIM = ("Threshold-Clustering with tau ~ sqrt(delta_i sigma Delta) and l of eq. (13): "
