@@ -414,6 +414,35 @@ def test_cgpfl_exact_sweeps_see_a_bound_missing_its_dependence_on_the_clients():
 # -- FedSPD, Thm 5.11 ----------------------------------------------------------------------------
 
 
+def test_fedspd_formulas_by_hand():
+    """T = e (ln T = 1), v^2 = sigma^2 = L = mu = eps_N = 1, n = 2, N = 4, S = 2: the
+    noise term is (4 + 1 + 1) / (4 e) = 1.5 / e, the start term 2 (1 + sqrt(1/2))^2 / e^2;
+    eq. (9) as printed is their sum, the text's reading the start term alone."""
+    from theory_checks.scaling_fedspd import printed_formula, text_formula
+
+    c = {key: np.array([value]) for key, value in
+         {"T": math.e, "v2": 1.0, "sigma2": 1.0, "n": 2.0, "N": 4.0, "L": 1.0, "mu": 1.0, "eps_N": 1.0,
+          "S": 2.0}.items()}
+    start = 2 * (1 + math.sqrt(0.5)) ** 2 / math.e**2
+    assert float(text_formula(c)[0]) == pytest.approx(start, rel=1e-12)
+    assert float(printed_formula(c)[0]) == pytest.approx(1.5 / math.e + start, rel=1e-12)
+
+
+def test_fedspd_instance_sweep_measures_each_instance():
+    """A sweep at a short horizon: one entry per swept value, each instance's own
+    arguments (the swept size among them, n = N / 2) and hypotheses; judged by error /
+    bound (co-varying)."""
+    from theory_checks.scaling_fedspd import FedSPDSizes, SWEPT_SIZES, _size_sweep, printed_formula
+
+    sizes = FedSPDSizes(horizons=(16,), repeats=2, consensus_draws=50, sweep_horizon=16, sweep_repeats=2)
+    sweep = _size_sweep("clients", sizes, 0, printed_formula)
+    assert sweep.covarying and sweep.values == tuple(float(v) for v in SWEPT_SIZES["clients"])
+    assert [a["clients"] for a in sweep.arguments] == list(sweep.values)
+    assert [a["n"] for a in sweep.arguments] == [v / 2 for v in sweep.values]
+    assert all(sweep.admissible) and sweep.errors.shape[0] == 3
+    assert all(r > 0 for r in sweep.rhs)
+
+
 def test_consensus_rate_by_hand():
     """Two clients, each training either centre with probability 1/2: both train s with
     probability 1/4, and then the Metropolis W_s averages them (kills (1, -1));
