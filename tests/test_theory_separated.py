@@ -379,6 +379,9 @@ def test_cgpfl_thm1_exact_decides_the_statement_and_its_mutations_fail():
     assert result.negative_control is not None and result.negative_control.violated
     assert len(result.clustering_controls) == 3 and all(c.violated for c in result.clustering_controls)
     assert study.findings["rounds_off_true_clusters"] == [0]  # the controls' reading is CGPFL's own after round 0
+    # at their own groups a fixed grouping reaches its own stationarity: Thm 1 cannot tell it from CGPFL
+    own = study.findings["controls_at_their_own_groups"]
+    assert not own["none"]["violated"] and not own["wrong"]["violated"]
     horizons = np.array([row["x"] for row in study.claimed_rhs])
     rhs = np.array([row["rhs"] for row in study.claimed_rhs])
     faster = rejudged(study, "T", rhs * horizons[0] / horizons, -2.0)

@@ -78,8 +78,17 @@ def check_cgpfl_thm1_exact(budget: Budget, seed: int = 0) -> CheckResult:
             f"clients per cluster, K, the optima's scale and lambda are swept at T = {min(settings['horizons'])}, "
             f"each judged by its error / bound ratio; the clustering controls (CGPFL's step with its k-means "
             f"replaced) are read on the true clusters, which CGPFL's own clusters equal at every round but "
-            f"{study.findings['rounds_off_true_clusters']} (round 0: every client starts on model 0)")
+            f"{study.findings['rounds_off_true_clusters']} (round 0: every client starts on model 0); read at "
+            f"their own groups, {_own_group_text(study)}: Thm 1 bounds stationarity at the algorithm's own "
+            f"clusters, whichever they are, so its clustering content is this reading on the true clusters")
     return rate_result("cgpfl-thm1-exact", study, note)
+
+
+def _own_group_text(study: ScalingStudy) -> str:
+    """The clustering controls of CGPFL's exact reading judged at their own groups."""
+    own = study.findings["controls_at_their_own_groups"]
+    return ", ".join(f"{name} {'violates' if entry['violated'] else 'meets'} the claim (error / bound "
+                     f"{entry['ratio']:.3g})" for name, entry in own.items())
 
 
 FEDSPD_CLAIM = ("the weighted suboptimality of the average cluster centre after T rounds is O~(v^2 (n^2 + L^2 eps_N^2 + "
