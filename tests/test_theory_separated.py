@@ -453,7 +453,7 @@ def test_consensus_rate_by_hand():
     from theory_checks.scaling_fedspd import consensus_rate
 
     mixture = torch.full((2, 2), 0.5, dtype=torch.float64)
-    assert consensus_rate(mixture, 20_000, torch.Generator().manual_seed(0)) == pytest.approx(0.25, abs=0.02)
+    assert consensus_rate(mixture, 4000, torch.Generator().manual_seed(0)) == pytest.approx(0.25, abs=0.03)  # 4 SE
 
 
 def test_consensus_fails_when_a_centre_is_never_trained_by_some_clients():
