@@ -396,6 +396,14 @@ def test_cgpfl_thm1_exact_decides_the_statement_and_its_mutations_fail():
         assert mutated.status == "fails" and mutated.verdicts["T"].verdict != "fails", key
         assert f"dependence on {sweep_name} is wrong" in mutated.counterexample["reason"], key
 
+    def judged(formula) -> str:
+        return finalised(rate_result("cgpfl-thm1-exact", reformulated(study, formula))).status
+
+    assert judged(lambda c: cgpfl_formula({**c, "rho_omega2": np.ones_like(c["rho_omega2"])})) == "fails"
+    # the survivors (docs/theory_checks.md): a looser bound, and a hidden constant
+    assert judged(lambda c: cgpfl_formula({**c, "L_G": np.ones_like(c["L_G"])})) == "loose"
+    assert judged(lambda c: 1e-4 * cgpfl_formula(c)) == "holds_with_constant"
+
 
 def test_cgpfl_exact_sweeps_see_a_bound_missing_its_dependence_on_the_clients():
     """A small exact study (two horizons, three repeats): its instance sweeps are
