@@ -122,14 +122,15 @@ def test_the_quickstart_config_loads() -> None:
 
 
 def test_a_few_flower_rounds_give_the_simulator_honest_models(tmp_path: Path) -> None:
-    """The equivalence of the slow test below on 3 rounds, in the default test run:
-    Global + median, FC with 2 groups and MC under large gradients sent by the
-    Byzantine nodes; the honest models are bit-identical to the simulator's."""
+    """The equivalence of the slow test below on 2 rounds (the second starts from state
+    the first left on the nodes and the server), in the default test run: Global +
+    median, FC with 2 groups and MC under large gradients sent by the Byzantine nodes;
+    the honest models are bit-identical to the simulator's."""
     pytest.importorskip("flwr", reason="the Flower adapter needs flwr: pip install 'robust-pfl[flower]'")
     from robust_pfl.experiments import build_task
     from robust_pfl.flower import load_flower_config, run_flower
 
-    data = copy.deepcopy(SMALL) | {"rounds": 3, "eval_every": 3}
+    data = copy.deepcopy(SMALL) | {"rounds": 2, "eval_every": 2}
     run = load_flower_config(copy.deepcopy(data))
     summary = run_flower(run, tmp_path)
     simulated = simulated_models(data)
@@ -139,11 +140,11 @@ def test_a_few_flower_rounds_give_the_simulator_honest_models(tmp_path: Path) ->
     # the Byzantine nodes ran the attack: every one of their replies carried it (Global and
     # MC: one gradient request per node a round; FC: one per exchange of its group)
     runs = {entry["run"]: entry for entry in summary["attack_runs"]}
-    assert runs["global+median seed=0"]["byzantine_node_replies"] == 3 * 2
+    assert runs["global+median seed=0"]["byzantine_node_replies"] == 2 * 2
     for method in run.config.methods:
         entry = runs[f"{method.display} seed=0"]
         assert entry["ran_on"] == "nodes" and entry["attack"] == "large_gradient"
-        assert entry["node_replies_with_attack"] == entry["byzantine_node_replies"] >= 3 * 2
+        assert entry["node_replies_with_attack"] == entry["byzantine_node_replies"] >= 2 * 2
 
 
 @pytest.mark.slow
