@@ -52,15 +52,27 @@ def thin_tick_labels(figure: Any, axis: Any, values: np.ndarray, gap_px: float =
     """Tick marks at every measured ``values`` on ``axis``'s x axis, labelled by
     :func:`tick_text`; where neighbouring labels would overlap (closer than ``gap_px``),
     only every k-th value is labelled, k the smallest that separates them (the first
-    value always labelled).  Returns k."""
+    value always labelled).  Returns k.
+
+    The labels' extents are computed, not drawn: each is centred on its tick (the
+    x axis's transform, scale included) and as wide as the renderer measures its text
+    in the labels' font, so trying every k costs no redraw of the figure."""
+    values = np.asarray(values, dtype=float)
     texts = [tick_text(float(value)) for value in values]
+    axis.set_xticks(values, texts)
+    if len(values) < 2:
+        return 1
     renderer = figure.canvas.get_renderer()
-    for step in range(1, max(2, len(values) + 1)):
-        axis.set_xticks(values, [text if index % step == 0 else "" for index, text in enumerate(texts)])
-        figure.canvas.draw()
-        boxes = sorted((label.get_window_extent(renderer) for label in axis.get_xticklabels()
-                        if label.get_visible() and label.get_text()), key=lambda box: box.x0)
-        if all(right.x0 - left.x1 >= gap_px for left, right in zip(boxes, boxes[1:])):
+    font = axis.get_xticklabels()[0].get_fontproperties()
+    widths = np.array([renderer.get_text_width_height_descent(text, font, ismath=False)[0] for text in texts])
+    height = axis.get_ylim()[0]  # any point of the axes: only the x pixel is read
+    centres = axis.transData.transform(np.column_stack([values, np.full(len(values), height)]))[:, 0]
+    for step in range(1, len(values) + 1):
+        kept = np.arange(0, len(values), step)
+        order = kept[np.argsort(centres[kept])]
+        left, right = centres[order] - widths[order] / 2, centres[order] + widths[order] / 2
+        if np.all(left[1:] - right[:-1] >= gap_px):
+            axis.set_xticks(values, [text if index % step == 0 else "" for index, text in enumerate(texts)])
             return step
     return len(values)
 
