@@ -216,3 +216,25 @@ def test_a_fedspd_repeat_whose_centres_never_found_the_sources_is_named_and_drop
     measured = FedSPDMeasurements(runs, 1.0, 1.0, 0, 0.5)
     assert collapsed_repeats(measured, sizes, seed=4) == [{"repeat": 1, "federation_seed": 4001,
                                                            "horizons": [64, 128]}]
+
+
+def _flat_bound_sweep(errors, bounded=False):
+    from theory_checks.scaling_common import ConstantSweep
+
+    values = [1.0, 2.0, 4.0]
+    arguments = [{"x": v} for v in values]
+    return ConstantSweep.of("x", "x", values, np.asarray(errors, float), arguments, [True] * 3,
+                            lambda c: np.ones_like(c["x"]), bounded=bounded, covarying=True)
+
+
+def test_a_sweep_too_wide_to_see_a_missing_factor_is_inconclusive():
+    """error / bound judged flat along x: repeats that agree to 1% read "holds"; repeats
+    spread over a factor 30 at x = 4 give an interval reaching a full power above 0, so
+    a bound missing a factor x would not be seen: "inconclusive", unless the hypotheses
+    bound x (then any growth is covered by the constant)."""
+    tight = [[1.0, 1.01, 0.99, 1.0], [1.0, 0.99, 1.01, 1.0], [1.0, 1.01, 1.0, 0.99]]
+    wide = [[1.0, 1.0, 1.0, 1.0], [1.0, 0.3, 3.0, 1.0], [0.1, 0.2, 3.0, 0.3]]
+    assert _flat_bound_sweep(tight).verdict(0).verdict == "holds"
+    verdict = _flat_bound_sweep(wide).verdict(0)
+    assert verdict.verdict == "inconclusive" and "would not be seen" in verdict.direction
+    assert _flat_bound_sweep(wide, bounded=True).verdict(0).verdict == "holds"

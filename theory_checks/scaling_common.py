@@ -87,6 +87,11 @@ class BoundFormula:
         return tail_exponent(self.formula, self.arguments[-1], self.variable)
 
 
+#: A sweep whose exponent interval reaches this far above the claimed exponent cannot
+#: see a bound missing a first power of its constant: its "holds" is inconclusive.
+UNSEEN_POWER = 1.0
+
+
 @dataclass(frozen=True)
 class ConstantSweep:
     """One constant of the instance (``sigma``, ``F0``, ``L``, ``n``...) swept over three
@@ -151,11 +156,18 @@ class ConstantSweep:
     def verdict(self, seed: int) -> RateVerdict:
         """The error's exponent along the constant against the one the formula claims
         (:func:`theory_checks.verdicts.rate_verdict`): ``fails`` when the error grows
-        faster in the constant than any multiple of the bound can follow."""
+        faster in the constant than any multiple of the bound can follow;
+        ``inconclusive`` for a "holds" whose interval reaches :data:`UNSEEN_POWER` above
+        the claim along a constant the hypotheses do not bound."""
         law = self.law(seed, of_ratio=self.covarying)
         if law is None:
             return RateVerdict("inconclusive", f"fewer than two admissible values of {self.variable}")
-        return rate_verdict(law, self.claimed, self.bounded)
+        verdict = rate_verdict(law, self.claimed, self.bounded)
+        if verdict.verdict == "holds" and not self.bounded and law.high >= self.claimed + UNSEEN_POWER:
+            return RateVerdict("inconclusive", f"the exponent's interval [{law.low:+.2f}, {law.high:+.2f}] reaches "
+                                               f"{UNSEEN_POWER:g} above the claimed {self.claimed:+.2f}: a factor "
+                                               f"{self.variable} missing from the bound would not be seen")
+        return verdict
 
     def summary(self, seed: int) -> dict[str, Any]:
         """What the report shows: values, mean errors, bounds, ratios, admissibility,
