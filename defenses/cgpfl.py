@@ -243,14 +243,20 @@ class CGPFL(Algorithm):
         slot = match_clusters(result.centres, result.sizes, models)
         admissible = result.labels >= 0
         assignment = torch.where(admissible, slot[result.labels.clamp_min(0)], self.assignment.clamp_max(k - 1))
-        means, sizes = admissible_group_mean(received, assignment, k)
+        return self._aggregate(received, assignment, models), assignment, extras
+
+    def _aggregate(self, received: Tensor, assignment: Tensor, models: Tensor) -> Tensor:
+        """Alg. 1 line 13: every group's model moved by ``alpha`` toward the mean of its
+        members' admissible copies (``assignment[N]`` into ``models[K, d]``); a group
+        without a usable mean keeps its model."""
+        means, sizes = admissible_group_mean(received, assignment, models.shape[0])
         active = (sizes > 0) & admissible_points(means)
         updated = models.clone()
         if self.params.alpha == 1:
             updated[active] = means[active]  # exactly the mean (eq. 6 with alpha = 1)
         else:
             updated[active] = (1 - self.params.alpha) * models[active] + self.params.alpha * means[active]
-        return updated, assignment, extras
+        return updated
 
     def _defense_state(self) -> dict[str, Any]:
         def aggregate(messages: Tensor) -> Tensor:

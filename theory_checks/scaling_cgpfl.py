@@ -88,7 +88,6 @@ from torch import Tensor
 
 import defenses
 from defenses.cgpfl import CGPFL
-from defenses.primitives import admissible_group_mean
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import RoundRecord
 from theory_checks.assigned_controls import ASSIGNMENTS, Assignment, Schedule, schedule
@@ -218,12 +217,8 @@ class AssignedCGPFL(ExactPersonalCGPFL):
         return super().step(round_index)
 
     def _server(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, dict[str, Any]]:
-        k = self.models.shape[0]
-        means, sizes = admissible_group_mean(received, self._current, k)
-        active = sizes > 0
-        updated = self.models.clone()
-        updated[active] = (1 - self.params.alpha) * self.models[active] + self.params.alpha * means[active]
-        return updated, self._current.clone(), {"clusters": k}
+        return self._aggregate(received, self._current, self.models), self._current.clone(), {
+            "clusters": self.models.shape[0]}
 
 
 @dataclass(frozen=True)
