@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 from robust_pfl.cells import CellOutcome, CellTask, execute_cell
 from robust_pfl.config import ConfigError
@@ -51,12 +51,8 @@ class LocalBackend:
                 yield execute_cell(task)
             return
         if self._pool is None:
-            context = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
-            )
-        with spawning_workers():  # the processes submit starts die with this one
-            pending: dict[Future[CellOutcome], CellTask] = {self._pool.submit(execute_cell, t): t for t in tasks}
+            self._pool = worker_pool(self.jobs)
+        pending = submit_all(self._pool, execute_cell, tasks)
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -70,6 +66,34 @@ class LocalBackend:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def worker_pool(jobs: int, setup: Callable[..., None] | None = None,
+                setup_args: tuple[Any, ...] = ()) -> ProcessPoolExecutor:
+    """A pool of ``jobs`` fresh ("spawn") processes that end with this one
+    (:func:`exit_with_parent`), each running ``setup(*setup_args)`` before its first
+    task (a module-level function: a spawned worker imports it by name)."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(os.getpid(), setup, setup_args))
+
+
+def _start_worker(parent: int, setup: Callable[..., None] | None, setup_args: tuple[Any, ...]) -> None:
+    exit_with_parent(parent)
+    if setup is not None:
+        setup(*setup_args)
+
+
+Task = TypeVar("Task")
+Outcome = TypeVar("Outcome")
+
+
+def submit_all(pool: ProcessPoolExecutor, function: Callable[[Task], Outcome],
+               tasks: Sequence[Task]) -> dict[Future[Outcome], Task]:
+    """Submit ``function(task)`` for every task; the workers the submissions start are
+    marked as this process's (:func:`~robust_pfl.parent_death.spawning_workers`), so
+    they die with it."""
+    with spawning_workers():
+        return {pool.submit(function, task): task for task in tasks}
 
 
 def exit_with_parent(parent: int, interval: float = 0.5) -> None:

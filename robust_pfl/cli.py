@@ -148,11 +148,13 @@ def _theory_report(args: argparse.Namespace) -> int:
     from theory_checks.report import write_report
 
     out = Path(args.out) if args.out else Path("results") / "theory"
-    if args.seeds < 1:
-        print("error: --seeds must be >= 1", file=sys.stderr)
-        return 2
+    for option, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
+        if value < 1:
+            print(f"error: {option} must be >= 1", file=sys.stderr)
+            return 2
     try:
-        summary = write_report(out, budget="quick" if args.quick else "full", names=args.only, seeds=args.seeds)
+        summary = write_report(out, budget="quick" if args.quick else "full", names=args.only, seeds=args.seeds,
+                               jobs=args.jobs)
     except ValueError as error:  # an unknown --only name, named with the registered ones
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -517,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run only these statements (names as in the report's table)")
     report.add_argument("--seeds", type=int, default=1,
                         help="run every check on the instances of seeds 0..N-1; the report adds each seed's status")
+    report.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="run N checks at once, each in its own process with --threads threads (the "
+                             "results do not depend on N); default 1")
     report.set_defaults(handler=_theory_report)
     download = commands.add_parser(
         "download", help="fetch a data set from the network (explicit only; checksum-verified, never in tests)"

@@ -343,3 +343,22 @@ def test_the_control_cell_shows_the_control_beside_the_real_run_and_its_verdict(
     assert control_text(CheckResult("x", "fails")) == "-"
     assert status_text(CheckResult("x", "vacuous")) == "VACUOUS"
     assert status_text(CheckResult("x", "loose")) == "holds, loose"
+
+
+def test_jobs_run_checks_in_worker_processes_with_the_same_results(tmp_path):
+    """``--jobs 2`` runs each check in a fresh worker process: every result, to the last
+    digit, equals the in-process run's (a check derives its streams from its seed), the
+    order stays the registry's, and each check's seconds are reported."""
+    names = ["descent", "lemma7", "var-y-le-var-z", "one-step-move"]
+    reports = {}
+    for jobs in (1, 2):
+        write_report(tmp_path / str(jobs), budget="quick", names=names, seeds=2, jobs=jobs)
+        reports[jobs] = json.loads((tmp_path / str(jobs) / "theory_report.json").read_text())
+    assert reports[1]["order"] == reports[2]["order"] == names
+    assert reports[2]["statements"] == reports[1]["statements"]
+    assert reports[2]["seeds"] == reports[1]["seeds"]
+    assert sorted(reports[2]["check_seconds"]["1"]) == sorted(names)
+    assert all(seconds >= 0 for seconds in reports[2]["check_seconds"]["0"].values())
+    assert "## Time" in (tmp_path / "2" / "theory_report.md").read_text()
+    with pytest.raises(ValueError, match="jobs must be >= 1"):
+        write_report(tmp_path, names=names, jobs=0)

@@ -13,9 +13,12 @@ import dataclasses
 import json
 import math
 import time
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any
 
+from robust_pfl.backends import submit_all, worker_pool
+from robust_pfl.engine import threads
 from robust_pfl.engine.progress import progress_bar
 from robust_pfl.engine.results import atomic_write_text, write_summary
 from theory_checks.controls import LOOSE_FACTOR
@@ -166,11 +169,13 @@ def render_report(
     seconds: float,
     figures: dict[str, str],
     across_seeds: dict[int, dict[str, CheckResult]] | None = None,
+    check_seconds: dict[str, float] | None = None,
 ) -> str:
     """The Markdown report of seed 0's ``results``: the statement table, the scaling
     exponents, the measured hypotheses, the counterexamples, the checks' findings
     (``details["notes"]``) and the figures; with ``across_seeds`` (every seed's
-    results), each statement's status at every seed."""
+    results), each statement's status at every seed; with ``check_seconds``, each
+    seed-0 check's time."""
     lines = [
         f"# Theory checks: Werner et al., its workshop version, CGPFL and FedSPD (budget {budget}, {seconds:.1f} s)",
         "",
@@ -249,6 +254,10 @@ def render_report(
         lines += ([] if lines[-1] == "" else [""]) + ["## Figures", ""]
         lines += [f"- {name}: " + ", ".join(f"[{Path(path).name}]({path})" for path in paths)
                   for name, paths in listed.items() if paths]
+    if check_seconds:
+        lines += ([] if lines[-1] == "" else [""]) + ["## Time", "",
+                  "Seconds of each check (seed 0): " + "; ".join(
+                      f"{name} {check_seconds[name]:.1f}" for name in results if name in check_seconds) + ".", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -284,29 +293,52 @@ def _non_finite(value: float) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
-def _run_checks(budget: Budget, names: list[str] | None, seeds: int) -> dict[int, dict[str, CheckResult]]:
-    """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, with progress: a bar on a
-    terminal, else a line on stderr per finished check (``progress_bar``)."""
+def _run_checks(budget: Budget, names: list[str] | None, seeds: int,
+                jobs: int = 1) -> tuple[dict[int, dict[str, CheckResult]], dict[int, dict[str, float]]]:
+    """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, ``jobs`` checks at once
+    (each in its own process when ``jobs > 1``; a check derives every stream from its
+    seed, so the results do not depend on ``jobs``), with progress: a bar on a terminal,
+    else a line on stderr per finished check (``progress_bar``).  Returns the results
+    and each check's seconds, both by seed, then statement in registry order."""
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
     chosen = list(registry.STATEMENTS) if names is None else list(names)
     if any(name not in registry.STATEMENTS for name in chosen):
         registry.run_checks(budget, chosen, 0)  # raises, naming them, before any check runs
-    across: dict[int, dict[str, CheckResult]] = {}
-    with progress_bar(len(chosen) * seeds, f"theory report ({budget})") as bar:
-        for seed in range(seeds):
-            across[seed] = {}
-            for name in chosen:
-                bar.set_postfix_str(f"{name} seed={seed}")
-                start = time.perf_counter()
-                across[seed][name] = registry.run_checks(budget, [name], seed)[name]
-                bar.item_done(f"{name} seed={seed}: {status_text(across[seed][name])} "
-                              f"({time.perf_counter() - start:.1f} s)", advance=1)
-    return across
+    tasks = [(budget, name, seed) for seed in range(seeds) for name in chosen]
+    found: dict[tuple[str, int], tuple[CheckResult, float]] = {}
+    with progress_bar(len(tasks), f"theory report ({budget})") as bar:
+        def done(task: tuple[Budget, str, int], outcome: tuple[CheckResult, float]) -> None:
+            _, name, seed = task
+            found[name, seed] = outcome
+            bar.item_done(f"{name} seed={seed}: {status_text(outcome[0])} ({outcome[1]:.1f} s)", advance=1)
+
+        if jobs == 1:
+            for task in tasks:
+                bar.set_postfix_str(f"{task[1]} seed={task[2]}")
+                done(task, _timed_check(task))
+        else:
+            with worker_pool(jobs, threads.adopt, threads.in_force()) as pool:
+                pending = submit_all(pool, _timed_check, tasks)
+                for future in as_completed(pending):
+                    done(pending[future], future.result())
+    across = {seed: {name: found[name, seed][0] for name in chosen} for seed in range(seeds)}
+    seconds = {seed: {name: found[name, seed][1] for name in chosen} for seed in range(seeds)}
+    return across, seconds
+
+
+def _timed_check(task: tuple[Budget, str, int]) -> tuple[CheckResult, float]:
+    """One statement's check at one seed, and its seconds (a pool worker's task)."""
+    budget, name, seed = task
+    start = time.perf_counter()
+    result = registry.run_checks(budget, [name], seed)[name]
+    return result, time.perf_counter() - start
 
 
 def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None,
-                 seeds: int = 1) -> dict[str, Any]:
+                 seeds: int = 1, jobs: int = 1) -> dict[str, Any]:
     """Run the checks (``names``, default all) on the instances of seeds ``0 ..
-    seeds - 1`` and write the report (seed 0's, with every seed's statuses), its JSON
+    seeds - 1``, ``jobs`` at once, and write the report (seed 0's, with every seed's statuses), its JSON
     and seed 0's scaling figures into ``out``.
 
     Returns ``{"budget", "seconds", "statuses": {name: status}, "kinds",
@@ -318,18 +350,20 @@ def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = 
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     out = Path(out)
     started = time.perf_counter()
-    across = _run_checks(budget, names, seeds)
+    across, check_seconds = _run_checks(budget, names, seeds, jobs)
     results = across[0]
     seconds = time.perf_counter() - started
     statements = registry.STATEMENTS
     out.mkdir(parents=True, exist_ok=True)
     figures = {name: f"{name}.png" for name, result in results.items() if plot_scaling(result, out / f"{name}.png")}
-    atomic_write_text(out / REPORT_NAME, render_report(results, statements, budget, seconds, figures, across))
+    atomic_write_text(out / REPORT_NAME, render_report(results, statements, budget, seconds, figures, across,
+                                                       check_seconds[0]))
     contradictions = [name for name in results
                       if any(contradicts_kind(statements[name].kind, across[seed][name]) for seed in across)]
     payload = {
         "budget": budget,
         "seconds": seconds,
+        "check_seconds": {str(seed): by_name for seed, by_name in check_seconds.items()},
         "contradictions": contradictions,
         "seeds": {str(seed): {name: result.status for name, result in found.items()} for seed, found in across.items()},
         "order": list(results),  # registry order (the file's keys are sorted)

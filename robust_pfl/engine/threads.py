@@ -133,3 +133,17 @@ def check() -> None:
     """Let the policy in force, if any, adjust torch's thread count (cheap between checks)."""
     if _POLICY is not None:
         _POLICY.check()
+
+
+def in_force() -> tuple[int, bool]:
+    """torch's thread count and whether a policy is in force: what a worker process this
+    one starts takes over (:func:`adopt`)."""
+    return torch.get_num_threads(), _POLICY is not None
+
+
+def adopt(threads: int, auto: bool) -> None:
+    """In a worker process: the settings :func:`in_force` read in the process that
+    started it (``auto``: a fresh :class:`AutoThreads`, which counts sibling workers as
+    other processes' load)."""
+    torch.set_num_threads(threads)
+    use(AutoThreads() if auto else None)
