@@ -68,6 +68,7 @@ from robust_pfl.engine.objectives import linear_regression
 from robust_pfl.engine.rounds import run_rounds
 from robust_pfl.engine.types import RoundRecord
 from theory_checks.controls import rate_control
+from theory_checks.least_squares import least_squares
 from theory_checks.scaling_common import Budget, ConstantSweep, Formula, ScalingStudy, Sweep, assemble, evaluate
 from theory_checks.types import Hypothesis
 
@@ -152,7 +153,7 @@ def mixture_problem(sizes: FedSPDSizes) -> MixtureProblem:
     for s in range(SOURCES):
         a, y = inputs[sources == s], targets[sources == s]
         hessians.append(a.T @ a / a.shape[0])
-        x = torch.linalg.lstsq(a, y.unsqueeze(-1)).solution.squeeze(-1)
+        x = least_squares(a, y)
         minimisers.append(x)
         values.append(0.5 * (a @ x - y).square().mean())
     return MixtureProblem(ClientData(inputs, targets), sources, torch.stack(hessians), torch.stack(minimisers),
@@ -264,7 +265,7 @@ def partition_centres(problem: MixtureProblem, members: Tensor) -> Tensor:
     """``[S, d]``: centre ``k`` the least-squares fit of its points ``members[k]``
     (``[S, N, m]`` bool), matched to the sources (:func:`_matching`)."""
     a, y = problem.train.inputs, problem.train.targets
-    fits = torch.stack([torch.linalg.lstsq(a[mask], y[mask].unsqueeze(-1)).solution.squeeze(-1) for mask in members])
+    fits = torch.stack([least_squares(a[mask], y[mask]) for mask in members])
     return fits[_matching(problem, fits)]
 
 

@@ -17,6 +17,7 @@ from robust_pfl.engine.federation import Federation
 from robust_pfl.engine.placement import ByzantinePlacement
 from robust_pfl.engine.tasks import SyntheticLinearRegression, Task
 from theory_checks import bounds
+from theory_checks.least_squares import least_squares
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def rate_problem(sizes: RateSizes, byzantine_per_cluster: int = 0) -> RateProble
     honest = ~task.byzantine
     inputs, targets = train.inputs[honest], train.targets[honest]
     eigenvalues = torch.linalg.eigvalsh(inputs.transpose(1, 2) @ inputs / inputs.shape[1])
-    minimisers = torch.linalg.lstsq(inputs, targets.unsqueeze(-1)).solution.squeeze(-1)  # [H, d]
+    minimisers = least_squares(inputs, targets)  # [H, d]
     per_sample = inputs * (inputs @ minimisers.unsqueeze(-1) - targets.unsqueeze(-1))  # [H, m, d]
     sample_sigma = math.sqrt(float((per_sample - per_sample.mean(1, keepdim=True)).square().sum(-1).mean(-1).max()))
     separation = _gradient_separation(task, ClientData(inputs, targets), task.cluster_ids[honest], minimisers)
@@ -144,7 +145,7 @@ def optimality_gap(problem: RateProblem, federation: Federation) -> float:
     start = federation.init_params(1).expand(federation.clients, -1)
     data = problem.train
     inputs, targets = data.inputs[honest], data.targets[honest]
-    minimisers = torch.linalg.lstsq(inputs, targets.unsqueeze(-1)).solution.squeeze(-1)
+    minimisers = least_squares(inputs, targets)
     objective = federation.objective
     losses = objective.paired_losses(start[honest], ClientData(inputs, targets))
     optimal = objective.paired_losses(minimisers, ClientData(inputs, targets))
