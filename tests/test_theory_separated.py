@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from robust_pfl.engine.data import Batch
 from robust_pfl.engine.objectives import Objective
 from theory_checks import bounds
+from theory_checks.assigned_controls import ASSIGNMENTS
 from theory_checks.controls import finalised
 from theory_checks.scaling_common import reformulated
 from theory_checks.separated_instance import RampObjective, SeparatedSizes, ramp_directions, separated_problem
@@ -327,6 +328,34 @@ def test_cgpfl_thm1_is_vacuous_by_its_floor():
     assert result.status == "vacuous"
     cap = result.details["findings"]["ratio_cap"]
     assert all(row["mean_error"] <= cap * row["rhs"] for row in result.details["claimed_rhs"])
+    # the clustering controls run under SGD personal steps too (the status is the frozen control's)
+    assert [c.description.split(":")[0] for c in result.clustering_controls] == list(ASSIGNMENTS.values())
+    assert all(math.isfinite(c.ratio) and c.ratio > 0 for c in result.clustering_controls)
+
+
+@pytest.mark.parametrize("assignment", ["none", "wrong"])
+def test_assigned_sgd_cgpfl_averages_each_assigned_groups_copies(assignment):
+    """Alg. 1 line 13 under an assignment that ignores the clusters (alpha 1): after a
+    round every group's model is the mean of its members' uploaded copies, and the
+    round reports the assignment it used, not k-means'."""
+    from defenses.cgpfl import CGPFL
+    from theory_checks.assigned_controls import schedule
+    from theory_checks.scaling_cgpfl import CGPFL_BUDGETS, AssignedSgdCGPFL
+    from theory_checks.scaling_rate_problem import RATE_BUDGETS, federation_for, rate_problem
+
+    sizes = CGPFL_BUDGETS["sgd"]["quick"]
+    problem = rate_problem(RATE_BUDGETS["quick"])
+    truth = problem.task.cluster_ids
+    groups = schedule(assignment, truth, 2, torch.Generator().manual_seed(0))
+    options = {"clusters": 2, "lambda": sizes.lam, "lr": 1e-3, "personal_lr": sizes.personal_lr,
+               "local_rounds": sizes.local_rounds, "personal_steps": sizes.personal_steps, "alpha": 1.0,
+               "kmeans_restarts": sizes.kmeans_restarts}
+    algorithm = AssignedSgdCGPFL(federation_for(problem, 0), CGPFL.Params(**options), groups)
+    record = algorithm.step(0)
+    uploaded, chosen = record.extras["uploaded"], groups(0)
+    assert torch.equal(record.assignment, chosen)
+    for group in chosen.unique():
+        torch.testing.assert_close(algorithm.cluster_models()[group], uploaded[chosen == group].mean(0))
 
 
 

@@ -70,14 +70,14 @@ def control_text(result: CheckResult) -> str:
     """The table's control cell: what was broken, its statistic beside the real run's,
     and whether it violated the claim (``-`` when the check ran none)."""
     control = result.negative_control
-    if control is None:
-        return "-"
-    real = "" if control.real is None else f" (real run: {control.real:.3g})"
-    verdict = "violated" if control.violated else "NOT violated"
-    text = f"{control.description}: {control.statistic} {control.ratio:.3g}{real}; {verdict}"
-    for found in result.clustering_controls:
-        text += f"; {found.description}: {found.ratio:.3g}, {'violated' if found.violated else 'NOT violated'}"
-    return text
+    parts = []
+    if control is not None:
+        real = "" if control.real is None else f" (real run: {control.real:.3g})"
+        verdict = "violated" if control.violated else "NOT violated"
+        parts.append(f"{control.description}: {control.statistic} {control.ratio:.3g}{real}; {verdict}")
+    parts += [f"{found.description}: {found.ratio:.3g}, {'violated' if found.violated else 'NOT violated'}"
+              for found in result.clustering_controls]
+    return "; ".join(parts) if parts else "-"
 
 
 def legend() -> list[str]:

@@ -200,15 +200,14 @@ class ExactPersonalCGPFL(CGPFL):
         return gradient, torch.zeros_like(self.personal)  # F_i's gradient is 0 at its minimiser
 
 
-class AssignedCGPFL(ExactPersonalCGPFL):
-    """:class:`ExactPersonalCGPFL` with its k-means (Alg. 1 line 12) replaced by an
-    assignment that ignores the clusters (:func:`theory_checks.assigned_controls.schedule`:
-    no clustering, a wrong fixed partition, a random assignment each round); line 13
-    then averages each group's copies as CGPFL does.  The clustering controls of the
-    exact reading."""
+class AssignedGrouping:
+    """CGPFL with its k-means (Alg. 1 line 12) replaced by an assignment that ignores
+    the clusters (:func:`theory_checks.assigned_controls.schedule`: no clustering, a
+    wrong fixed partition, a random assignment each round); line 13 then averages each
+    group's copies as CGPFL does.  Mixed in before a CGPFL class: the clustering
+    controls of Thm 1."""
 
-    def __init__(self, federation, params, quadratics: Quadratics, groups: Schedule) -> None:
-        super().__init__(federation, params, quadratics)
+    def _assign(self, groups: Schedule) -> None:
         self.groups = groups
         self._current = groups(0)
 
@@ -219,6 +218,22 @@ class AssignedCGPFL(ExactPersonalCGPFL):
     def _server(self, received: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, dict[str, Any]]:
         return self._aggregate(received, self._current, self.models), self._current.clone(), {
             "clusters": self.models.shape[0]}
+
+
+class AssignedCGPFL(AssignedGrouping, ExactPersonalCGPFL):
+    """:class:`AssignedGrouping` under exact personal solves (the exact reading)."""
+
+    def __init__(self, federation, params, quadratics: Quadratics, groups: Schedule) -> None:
+        super().__init__(federation, params, quadratics)
+        self._assign(groups)
+
+
+class AssignedSgdCGPFL(AssignedGrouping, CGPFL):
+    """:class:`AssignedGrouping` with CGPFL's own SGD personal steps (as shipped)."""
+
+    def __init__(self, federation, params, groups: Schedule) -> None:
+        super().__init__(federation, params)
+        self._assign(groups)
 
 
 @dataclass(frozen=True)
@@ -348,34 +363,34 @@ def cgpfl_rate_study(budget: Budget = "quick", sizes: CGPFLSizes | None = None, 
     findings = {"bound_slope_over_sweep": float(np.polyfit(np.log(horizons), np.log(rhs), 1)[0]), "ratio_cap": cap,
                 "floor_share_at_largest_T": float(floor_share),
                 "centre_gap_at_largest_T": float(errors[-1].mean()) * clients**2 / 4}
-    sweeps, controls = [], []
+    pairs = {assigned: _clustering_control(instance, assigned, chosen, seed, rhs, claimed, solver)
+             for assigned in ASSIGNMENTS}
+    controls = [on_truth for on_truth, _ in pairs.values()]
+    findings["controls_at_their_own_groups"] = {
+        assigned: {"ratio": own.ratio, "violated": own.violated, "exponent": own.details["exponent"]}
+        for assigned, (_, own) in pairs.items()}
+    # rounds whose Omega^t CGPFL formed on other clusters than the true ones (its
+    # reading then differs from the controls' beyond rounding of the run's scale)
+    findings["rounds_off_true_clusters"] = sorted({
+        t for run in runs for t, s in enumerate(run)
+        if abs(s.gradient - s.true_gradient) > 1e-9 * max(r.true_gradient for r in run)})
+    sweeps = []
     if solver == "exact":
         base = (errors[0], arguments[0], all(h.holds for h in hypotheses))
         sweeps = [_size_sweep(name, rates, chosen, seed, base) for name in SWEPT_SIZES]
-        pairs = {assigned: _clustering_control(instance, assigned, chosen, seed, rhs, claimed)
-                 for assigned in ASSIGNMENTS}
-        controls = [on_truth for on_truth, _ in pairs.values()]
-        findings["controls_at_their_own_groups"] = {
-            assigned: {"ratio": own.ratio, "violated": own.violated, "exponent": own.details["exponent"]}
-            for assigned, (_, own) in pairs.items()}
-        # rounds whose Omega^t CGPFL formed on other clusters than the true ones (its
-        # reading then differs from the controls' beyond rounding of the run's scale)
-        findings["rounds_off_true_clusters"] = sorted({
-            t for run in runs for t, s in enumerate(run)
-            if abs(s.gradient - s.true_gradient) > 1e-9 * max(r.true_gradient for r in run)})
     return assemble("cgpfl-thm1", [sweep], settings, seed, findings, hypotheses, control, controls,
                     bound=BoundFormula(cgpfl_formula, "T", arguments), constant_sweeps=sweeps)
 
 
 def _clustering_control(instance: CGPFLInstance, assigned: Assignment, chosen: CGPFLSizes, seed: int,
-                        rhs: np.ndarray, claimed: float) -> tuple[NegativeControl, NegativeControl]:
-    """CGPFL (exact solves) with its clustering replaced by ``assigned``, the same
+                        rhs: np.ndarray, claimed: float, solver: Solver) -> tuple[NegativeControl, NegativeControl]:
+    """CGPFL (``solver``'s personal step) with its clustering replaced by ``assigned``, the same
     instance, seeds and horizons, judged against the same bound: its ``(1/K) ||grad
     G_K||^2`` read on the true clusters (:func:`true_cluster_gradient`, the control),
     and read at its own groups (the theorem's measure applied to the control itself,
     which Thm 1's stationarity claim does not tell from CGPFL)."""
     horizon = max(chosen.horizons)
-    runs = [_run(instance.problem, instance.quadratics, instance.options, horizon, seed * 1000 + repeat, "exact",
+    runs = [_run(instance.problem, instance.quadratics, instance.options, horizon, seed * 1000 + repeat, solver,
                  assigned) for repeat in range(min(chosen.repeats, CONTROL_REPEATS))]
     horizons = np.array(chosen.horizons, float)
 
@@ -490,13 +505,14 @@ def _size_sweep(name: str, rates: RateSizes, chosen: CGPFLSizes, seed: int,
 
 def _run(problem, quadratics: Quadratics, options: dict[str, Any], horizon: int, seed: int,
          solver: Solver, assigned: Assignment | None = None) -> list[RoundState]:
-    """One run's readings, round by round: CGPFL with ``solver``'s personal step, or
-    with exact solves and its clustering replaced by ``assigned``."""
+    """One run's readings, round by round: CGPFL with ``solver``'s personal step, and
+    with its clustering replaced by ``assigned`` when given."""
     federation = federation_for(problem, seed)
     truth = problem.task.cluster_ids
     if assigned is not None:
         groups = schedule(assigned, truth, int(truth.max()) + 1, torch.Generator().manual_seed(seed))
-        algorithm = AssignedCGPFL(federation, CGPFL.Params(**options), quadratics, groups)
+        algorithm = (AssignedCGPFL(federation, CGPFL.Params(**options), quadratics, groups) if solver == "exact"
+                     else AssignedSgdCGPFL(federation, CGPFL.Params(**options), groups))
     elif solver == "exact":
         algorithm = ExactPersonalCGPFL(federation, CGPFL.Params(**options), quadratics)
     else:

@@ -72,9 +72,11 @@ from robust_pfl.engine.rounds import Stepping, run_rounds
 from robust_pfl.engine.types import RoundRecord
 from defenses.clustering_algorithms import ALG4_PRINTED_RULES
 from theory_checks import bounds
+from theory_checks.assigned_controls import ASSIGNMENTS, AssignedMomentum, schedule
+from theory_checks.controls import rate_control
 from theory_checks.estimators import gradient_noise
 from theory_checks.scaling_common import Budget, ScalingStudy, Sweep, assemble
-from theory_checks.types import Hypothesis
+from theory_checks.types import Hypothesis, NegativeControl
 from theory_checks.scaling_rate_problem import (
     RATE_BUDGETS,
     RateProblem,
@@ -278,6 +280,33 @@ def _horizon_sweep(problem: RateProblem, method: str, variable: str, claimed: fl
     return Sweep(variable, values, errors, tuple(float(r) for r in bound), claimed), used, paths
 
 
+def assigned_controls(problem: RateProblem, method: str, sizes: RateSizes, seed: int,
+                      sweep: Sweep) -> tuple[NegativeControl, ...]:
+    """The clustering controls of Thm 3.3 / 3.4 on the regression
+    (:mod:`theory_checks.assigned_controls`): the method's step with an assignment that
+    ignores the clusters in place of its clustering (FC: ``alpha = 1``, each group
+    averaging its clients' gradients; MC: its ``alpha = L eta``, momenta from 0 as eq.
+    29 starts them), on the sweep's federations (repeat ``r``: seed ``1000 seed + r``)
+    with each run's own learning rate; the honest clients' average squared gradient
+    judged against the sweep's bound."""
+    clusters = problem.task.cluster_ids
+    groups = int(clusters.max()) + 1
+    controls = []
+    for assignment, description in ASSIGNMENTS.items():
+        errors = np.empty((len(sizes.horizons), sizes.repeats))
+        for row, horizon in enumerate(sizes.horizons):
+            for repeat in range(sizes.repeats):
+                federation = federation_for(problem, seed * 1000 + repeat)
+                eta = learning_rate(problem, optimality_gap(problem, federation), horizon, sizes)
+                alpha = 1.0 if method == "fc" else float(mc_options(problem, eta)["alpha"])
+                algorithm = AssignedMomentum(federation, eta, alpha, schedule(
+                    assignment, clusters, groups, federation.rng(f"control-{assignment}")), groups)
+                errors[row, repeat] = anchored_error(algorithm, federation, horizon, federation.honest)
+        controls.append(rate_control(f"{description}: {method.upper()}'s step with that grouping", sweep.values,
+                                     errors, sweep.rhs, sweep.claimed, seed=seed))
+    return tuple(controls)
+
+
 def run_hypotheses(delta: float, batch: int, paths: list[HorizonPaths], momentum: bool = False,
                    start_note: str = "the start",
                    names: tuple[str, str] = ("Assumption 6", "Assumption 9")) -> list[Hypothesis]:
@@ -335,7 +364,8 @@ def fc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     settings = {**_problem_settings(problem, chosen), "runs": used, "paths": [asdict(p) for p in paths], "seed": seed}
     return assemble("thm3.3", [sweep], settings, seed, {"independent_data_floor": floor},
                     run_hypotheses(problem.cluster_fraction, problem.batch_size, paths,
-                                   start_note=_start_note(problem)))
+                                   start_note=_start_note(problem)),
+                    controls=assigned_controls(problem, "fc", chosen, seed, sweep))
 
 
 def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed: int = 0) -> ScalingStudy:
@@ -362,13 +392,14 @@ def mc_rate_study(budget: Budget = "quick", sizes: RateSizes | None = None, seed
     settings = {**_problem_settings(clean, chosen), "beta_attacked": attacked.byzantine_fraction,
                 "delta_attacked": attacked.cluster_fraction, "runs": used, "paths": [asdict(p) for p in paths],
                 "seed": seed}
+    controls = assigned_controls(clean, "mc", chosen, seed, sweep)
     if not chosen.extras_when_unmet and not all(hypothesis.holds for hypothesis in hypotheses):
-        return assemble("thm3.4", [sweep], settings, seed, {"quantile_radius": {}}, hypotheses)
+        return assemble("thm3.4", [sweep], settings, seed, {"quantile_radius": {}}, hypotheses, controls=controls)
     attacked_sweep, attacked_used, attacked_paths = _horizon_sweep(
         attacked, "mc", "T_attacked", -0.25, chosen, seed, rhs_for(attacked), attack="ball_edge", radius="theory")
     findings = {"quantile_radius": quantile_radius_runs(clean, chosen, seed, sweep)}
     settings = {**settings, "runs_attacked": attacked_used, "paths_attacked": [asdict(p) for p in attacked_paths]}
-    return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings, hypotheses)
+    return assemble("thm3.4", [sweep, attacked_sweep], settings, seed, findings, hypotheses, controls=controls)
 
 
 def quantile_radius_runs(problem: RateProblem, sizes: RateSizes, seed: int, theory_sweep: Sweep) -> dict[str, Any]:
