@@ -298,7 +298,9 @@ def _run_checks(budget: Budget, names: list[str] | None, seeds: int,
     """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, ``jobs`` checks at once
     (each in its own process when ``jobs > 1``; a check derives every stream from its
     seed, so the results do not depend on ``jobs``), with progress: a bar on a terminal,
-    else a line on stderr per finished check (``progress_bar``).  Returns the results
+    else a line on stderr per finished check (``progress_bar``).  A worker imports the
+    registry afresh: a statement registered at run time rather than on import (in a
+    notebook) is unknown there, so run those with ``jobs = 1``.  Returns the results
     and each check's seconds, both by seed, then statement in registry order."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
