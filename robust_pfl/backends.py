@@ -12,7 +12,7 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, as_completed, wait
 from typing import Any, Callable, Iterator, Protocol, Sequence, TypeVar
 
 from robust_pfl.cells import CellOutcome, CellTask, execute_cell
@@ -94,6 +94,21 @@ def submit_all(pool: ProcessPoolExecutor, function: Callable[[Task], Outcome],
     they die with it."""
     with spawning_workers():
         return {pool.submit(function, task): task for task in tasks}
+
+
+def in_worker_processes(jobs: int, setup: Callable[..., None] | None = None, setup_args: tuple[Any, ...] = ()
+                        ) -> Callable[[Callable[[Task], Outcome], Sequence[Task]], Iterator[tuple[Task, Outcome]]]:
+    """A runner that maps a module-level function over tasks in a :func:`worker_pool`
+    of ``jobs`` processes, yielding each task with its outcome as it finishes (a
+    worker's exception is raised here).  ``theory report --jobs N`` runs its checks
+    through it."""
+    def run(function: Callable[[Task], Outcome], tasks: Sequence[Task]) -> Iterator[tuple[Task, Outcome]]:
+        with worker_pool(jobs, setup, setup_args) as pool:
+            pending = submit_all(pool, function, tasks)
+            for future in as_completed(pending):
+                yield pending[future], future.result()
+
+    return run
 
 
 def exit_with_parent(parent: int, interval: float = 0.5) -> None:

@@ -145,16 +145,19 @@ def _reproduce(args: argparse.Namespace) -> int:
 
 
 def _theory_report(args: argparse.Namespace) -> int:
-    from theory_checks.report import write_report
+    from robust_pfl.backends import in_worker_processes
+    from robust_pfl.engine import threads
+    from theory_checks.report import in_this_process, write_report
 
     out = Path(args.out) if args.out else Path("results") / "theory"
     for option, value in (("--seeds", args.seeds), ("--jobs", args.jobs)):
         if value < 1:
             print(f"error: {option} must be >= 1", file=sys.stderr)
             return 2
+    runner = in_this_process if args.jobs == 1 else in_worker_processes(args.jobs, threads.adopt, threads.in_force())
     try:
         summary = write_report(out, budget="quick" if args.quick else "full", names=args.only, seeds=args.seeds,
-                               jobs=args.jobs)
+                               runner=runner)
     except ValueError as error:  # an unknown --only name, named with the registered ones
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -283,6 +283,8 @@ def test_invalid_fields_are_named(fields, field):
         ({"kind": "label_skew", "clusters": 2, "labels_per_cluster": 3}, "labels_per_cluster"),  # identical
         ({"train_per_client": 40}, "train_per_client"),
         ({"test_per_client": 20}, "test_per_client"),
+        ({"train_per_client": 2**64}, "train_per_client"),  # past int64: refused, not an OverflowError
+        ({"test_per_client": 2**64}, "test_per_client"),
         ({"clients_per_cluster": 100}, "clients_per_cluster"),
     ],
 )

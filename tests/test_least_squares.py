@@ -3,6 +3,8 @@ buffers lie in memory (the reason it exists: LAPACK gelsy's are not, on MKL)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -59,11 +61,12 @@ def test_the_same_bits_at_every_buffer_offset(batch):
     assert same_bits_at_every_offset(least_squares, *data(0, batch))
 
 
-@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="the alignment dependence shown is MKL's gelsy")
-def test_the_offset_check_catches_the_default_driver_on_mkl():
-    """The check above can fail: with MKL, the default driver (gelsy) returns other last
-    bits at some buffer offset for the same data."""
-    def default_driver(inputs, targets):
-        return torch.linalg.lstsq(inputs, targets.unsqueeze(-1)).solution
+def test_the_offset_check_catches_a_fit_whose_bits_follow_the_buffer():
+    """The check above can fail: a fit whose last bit moves with the buffer's address
+    (as MKL's default driver, gelsy, was seen to do in a run of the FedSPD check) is
+    caught at some offset."""
+    def by_address(inputs, targets):
+        fit = least_squares(inputs, targets)
+        return torch.nextafter(fit, torch.full_like(fit, math.inf)) if inputs.data_ptr() % 64 else fit
 
-    assert not same_bits_at_every_offset(default_driver, *data(0, (3,)))
+    assert not same_bits_at_every_offset(by_address, *data(0, (3,)))

@@ -352,7 +352,9 @@ def test_jobs_run_checks_in_worker_processes_with_the_same_results(tmp_path):
     names = ["descent", "lemma7", "var-y-le-var-z", "one-step-move"]
     reports = {}
     for jobs in (1, 2):
-        write_report(tmp_path / str(jobs), budget="quick", names=names, seeds=2, jobs=jobs)
+        args = ["theory", "report", "--quick", "--only", *names, "--seeds", "2", "--jobs", str(jobs), "--quiet",
+                "--out", str(tmp_path / str(jobs))]
+        assert cli.main(args) == 0
         reports[jobs] = json.loads((tmp_path / str(jobs) / "theory_report.json").read_text())
     assert reports[1]["order"] == reports[2]["order"] == names
     assert reports[2]["statements"] == reports[1]["statements"]
@@ -360,5 +362,4 @@ def test_jobs_run_checks_in_worker_processes_with_the_same_results(tmp_path):
     assert sorted(reports[2]["check_seconds"]["1"]) == sorted(names)
     assert all(seconds >= 0 for seconds in reports[2]["check_seconds"]["0"].values())
     assert "## Time" in (tmp_path / "2" / "theory_report.md").read_text()
-    with pytest.raises(ValueError, match="jobs must be >= 1"):
-        write_report(tmp_path, names=names, jobs=0)
+    assert cli.main(["theory", "report", "--only", *names, "--jobs", "0", "--out", str(tmp_path)]) == 2

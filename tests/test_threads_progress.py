@@ -142,7 +142,7 @@ def test_theory_report_takes_threads_after_the_subcommand(tmp_path, monkeypatch,
 
     seen = []
 
-    def write_report(out, budget="quick", names=None, seeds=1, jobs=1):
+    def write_report(out, budget="quick", names=None, seeds=1, runner=None):
         seen.append(torch.get_num_threads())
         (tmp_path / "r.md").write_text("# Theory checks\n")  # the command heads it with its provenance
         return {"statuses": {}, "kinds": {}, "contradictions": [], "seconds": 0.0,

@@ -4,7 +4,7 @@
 builds) returns last bits that depend on where its input buffers lie in memory, so the
 same fit differs between two runs of one command (a run's allocation pattern follows,
 among other things, Python's hash seed). The SVD driver ``gelsd`` gives the same bits
-at every buffer offset (``tests/test_least_squares.py`` checks both) and, like
+at every buffer offset (``tests/test_least_squares.py``) and, like
 ``gelsy``, the minimum-norm solution when the inputs are rank-deficient.
 """
 

@@ -13,12 +13,9 @@ import dataclasses
 import json
 import math
 import time
-from concurrent.futures import as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Sequence
 
-from robust_pfl.backends import submit_all, worker_pool
-from robust_pfl.engine import threads
 from robust_pfl.engine.progress import progress_bar
 from robust_pfl.engine.results import atomic_write_text, write_summary
 from theory_checks.controls import LOOSE_FACTOR
@@ -293,44 +290,48 @@ def _non_finite(value: float) -> str:
     return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
 
 
-def _run_checks(budget: Budget, names: list[str] | None, seeds: int,
-                jobs: int = 1) -> tuple[dict[int, dict[str, CheckResult]], dict[int, dict[str, float]]]:
-    """:func:`registry.run_checks` for seeds ``0 .. seeds - 1``, ``jobs`` checks at once
-    (each in its own process when ``jobs > 1``; a check derives every stream from its
-    seed, so the results do not depend on ``jobs``), with progress: a bar on a terminal,
-    else a line on stderr per finished check (``progress_bar``).  A worker imports the
-    registry afresh: a statement registered at run time rather than on import (in a
-    notebook) is unknown there, so run those with ``jobs = 1``.  Returns the results
-    and each check's seconds, both by seed, then statement in registry order."""
-    if jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+#: One check to run: the budget, the statement's name and the seed.
+CheckTask = tuple[Budget, str, int]
+#: What a runner gives back for a task: the result and the check's seconds.
+CheckOutcome = tuple[CheckResult, float]
+#: Runs ``function`` on every task, in any order and anywhere, yielding each task with
+#: its outcome as it finishes (the command line passes
+#: :func:`robust_pfl.backends.in_worker_processes` for ``--jobs N``).
+Runner = Callable[[Callable[[CheckTask], CheckOutcome], Sequence[CheckTask]], Iterator[tuple[CheckTask, CheckOutcome]]]
+
+
+def in_this_process(function: Callable[[CheckTask], CheckOutcome],
+                    tasks: Sequence[CheckTask]) -> Iterator[tuple[CheckTask, CheckOutcome]]:
+    """The default runner: every task in turn, in this process."""
+    for task in tasks:
+        yield task, function(task)
+
+
+def _run_checks(budget: Budget, names: list[str] | None, seeds: int, runner: Runner = in_this_process
+                ) -> tuple[dict[int, dict[str, CheckResult]], dict[int, dict[str, float]]]:
+    """:func:`registry.run_checks` for seeds ``0 .. seeds - 1`` through ``runner`` (a
+    check derives every stream from its seed, so the results do not depend on where or
+    in which order the checks run), with progress: a bar on a terminal, else a line on
+    stderr per finished check (``progress_bar``).  A runner in other processes imports
+    the registry afresh there: a statement registered at run time rather than on import
+    (in a notebook) is unknown to it.  Returns the results and each check's seconds,
+    both by seed, then statement in registry order."""
     chosen = list(registry.STATEMENTS) if names is None else list(names)
     if any(name not in registry.STATEMENTS for name in chosen):
         registry.run_checks(budget, chosen, 0)  # raises, naming them, before any check runs
     tasks = [(budget, name, seed) for seed in range(seeds) for name in chosen]
-    found: dict[tuple[str, int], tuple[CheckResult, float]] = {}
+    found: dict[tuple[str, int], CheckOutcome] = {}
     with progress_bar(len(tasks), f"theory report ({budget})") as bar:
-        def done(task: tuple[Budget, str, int], outcome: tuple[CheckResult, float]) -> None:
-            _, name, seed = task
-            found[name, seed] = outcome
-            bar.item_done(f"{name} seed={seed}: {status_text(outcome[0])} ({outcome[1]:.1f} s)", advance=1)
-
-        if jobs == 1:
-            for task in tasks:
-                bar.set_postfix_str(f"{task[1]} seed={task[2]}")
-                done(task, _timed_check(task))
-        else:
-            with worker_pool(jobs, threads.adopt, threads.in_force()) as pool:
-                pending = submit_all(pool, _timed_check, tasks)
-                for future in as_completed(pending):
-                    done(pending[future], future.result())
+        for (_, name, seed), (result, seconds) in runner(timed_check, tasks):
+            found[name, seed] = result, seconds
+            bar.item_done(f"{name} seed={seed}: {status_text(result)} ({seconds:.1f} s)", advance=1)
     across = {seed: {name: found[name, seed][0] for name in chosen} for seed in range(seeds)}
-    seconds = {seed: {name: found[name, seed][1] for name in chosen} for seed in range(seeds)}
-    return across, seconds
+    seconds_by_seed = {seed: {name: found[name, seed][1] for name in chosen} for seed in range(seeds)}
+    return across, seconds_by_seed
 
 
-def _timed_check(task: tuple[Budget, str, int]) -> tuple[CheckResult, float]:
-    """One statement's check at one seed, and its seconds (a pool worker's task)."""
+def timed_check(task: CheckTask) -> CheckOutcome:
+    """One statement's check at one seed, and its seconds (a runner's function)."""
     budget, name, seed = task
     start = time.perf_counter()
     result = registry.run_checks(budget, [name], seed)[name]
@@ -338,9 +339,9 @@ def _timed_check(task: tuple[Budget, str, int]) -> tuple[CheckResult, float]:
 
 
 def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = None,
-                 seeds: int = 1, jobs: int = 1) -> dict[str, Any]:
+                 seeds: int = 1, runner: Runner = in_this_process) -> dict[str, Any]:
     """Run the checks (``names``, default all) on the instances of seeds ``0 ..
-    seeds - 1``, ``jobs`` at once, and write the report (seed 0's, with every seed's statuses), its JSON
+    seeds - 1`` through ``runner`` and write the report (seed 0's, with every seed's statuses), its JSON
     and seed 0's scaling figures into ``out``.
 
     Returns ``{"budget", "seconds", "statuses": {name: status}, "kinds",
@@ -352,7 +353,7 @@ def write_report(out: Path, budget: Budget = "quick", names: list[str] | None = 
         raise ValueError(f"seeds must be >= 1, got {seeds}")
     out = Path(out)
     started = time.perf_counter()
-    across, check_seconds = _run_checks(budget, names, seeds, jobs)
+    across, check_seconds = _run_checks(budget, names, seeds, runner)
     results = across[0]
     seconds = time.perf_counter() - started
     statements = registry.STATEMENTS

@@ -473,8 +473,10 @@ class ImageTask:
             validation = fixed_validation
             if validation is None:
                 validation = max(1, round(train * fraction / (1 - fraction)))
-            needed = [largest_remainder(n, weights) for n in (train, validation)]
-            if not fits(needed, train_available):
+            # a count past the whole split cannot fit, and would overflow the integer
+            # quotas (int64) before the split is even consulted
+            if train + validation > int(train_available.sum()) or not fits(
+                    [largest_remainder(n, weights) for n in (train, validation)], train_available):
                 raise ValueError(
                     f"train_per_client: {train} train + {validation} validation samples for each of {clients} "
                     f"clients do not fit in the {data.name} train split (at most {most_train} per client "
@@ -488,7 +490,7 @@ class ImageTask:
                 )
         else:
             test = self.test_per_client
-            if not fits([largest_remainder(test, weights)], test_available):
+            if test > int(test_available.sum()) or not fits([largest_remainder(test, weights)], test_available):
                 most = largest_share(test_available, weights, lambda share: (share,))
                 raise ValueError(
                     f"test_per_client: {test} samples for each of {clients} clients do not fit in the "
